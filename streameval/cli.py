@@ -1,0 +1,187 @@
+"""Command line: ``streameval eval | synth | convert | validate``.
+
+Errors in the input end as one line on stderr and a non-zero exit code (2: bad option,
+3: bad store or data), never as a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from . import convert as convert_mod
+from . import report, synth as synth_mod
+from .errors import StreamevalError
+from .evaluate import PRECISIONS, evaluate
+from .kernels import METRIC_CODES
+from .plan import parse_bytes
+from .protocol import PROTOCOLS
+from .store import open_store, validate_values
+
+
+class _Group(click.Group):
+    """Turns StreamevalError into a clean message and its exit code."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except StreamevalError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="streameval")
+def main():
+    """Exact out-of-core ReID evaluation: CMC, mAP, mINP over chunked zarr features.
+
+    \b
+    Typical session:
+      streameval synth demo.zarr --queries 3368 --gallery 19732 --dim 2048
+      streameval eval demo.zarr --json result.json
+    """
+
+
+def _int_list(ctx, param, value):
+    try:
+        return tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+
+
+def _bytes(ctx, param, value):
+    try:
+        return parse_bytes(value)
+    except StreamevalError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _refuse_overwrite(path: str, overwrite: bool) -> None:
+    """Never replace a user's file silently: ask on a terminal, refuse otherwise."""
+    if path == "-" or overwrite or not os.path.exists(path):
+        return
+    if sys.stdin.isatty() and click.confirm(f"'{path}' exists. Overwrite it?", default=False):
+        return
+    raise click.UsageError(f"'{path}' exists; pass --overwrite to replace it")
+
+
+@main.command("eval")
+@click.argument("store", type=click.Path())
+@click.option("--metric", type=click.Choice(list(METRIC_CODES)), default=None,
+              help="Distance. Default: the store's default_metric attribute (euclidean if unset).")
+@click.option("--protocol", type=click.Choice(PROTOCOLS), default="market", show_default=True,
+              help="market: same-pid same-camera gallery items are junk; none: no camera filter.")
+@click.option("--junk-pids", default="-1", show_default=True, callback=_int_list,
+              help="Comma-separated pids ignored by the ranking (Market-1501 junk is -1).")
+@click.option("--max-rank", type=click.IntRange(min=1), default=50, show_default=True, help="Length of the CMC curve.")
+@click.option("--precision", type=click.Choice(PRECISIONS), default="float32", show_default=True,
+              help="Precision of the distance GEMM (features are upcast per chunk).")
+@click.option("--query-block", type=click.IntRange(min=1), default=None,
+              help="Queries per task. Default: all queries if the memory budget allows (gallery read once).")
+@click.option("--gallery-chunk", type=click.IntRange(min=1), default=None,
+              help="Gallery rows per task. Default: from --memory-budget, aligned to store chunks.")
+@click.option("--memory-budget", default="1GiB", show_default=True, callback=_bytes,
+              help="Working memory the chunk sizes are planned for.")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Threads. Default: all cores.")
+@click.option("--json", "json_path", type=click.Path(), default=None,
+              help="Write the full result as JSON to this file ('-' for stdout).")
+@click.option("--per-query", is_flag=True, help="Include per-query AP, INP, first-hit rank, #positives in the JSON.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --json file.")
+@click.option("--quiet", "-q", is_flag=True, help="Print no summary table.")
+def eval_cmd(store, metric, protocol, junk_pids, max_rank, precision, query_block, gallery_chunk,
+             memory_budget, workers, json_path, per_query, overwrite, quiet):
+    """Evaluate STORE's queries against its gallery, streaming the gallery in chunks."""
+    if json_path:
+        _refuse_overwrite(json_path, overwrite)
+    result = evaluate(
+        open_store(store), metric=metric, protocol=protocol, junk_pids=junk_pids, max_rank=max_rank,
+        precision=precision, query_block=query_block, gallery_chunk=gallery_chunk,
+        memory_budget=memory_budget, workers=workers,
+    )
+    if not quiet:
+        # with JSON on stdout, the table goes to stderr so the JSON stays parseable
+        click.echo(report.summary(result, store), err=json_path == "-")
+    if json_path:
+        text = json.dumps(result.to_dict(per_query=per_query), indent=2)
+        if json_path == "-":
+            click.echo(text)
+        else:
+            with open(json_path, "w") as fh:
+                fh.write(text + "\n")
+
+
+@main.command()
+@click.argument("out", type=click.Path())
+@click.option("--queries", type=click.IntRange(min=1), default=3368, show_default=True, help="Number of queries.")
+@click.option("--gallery", type=click.IntRange(min=1), default=19732, show_default=True, help="Gallery rows.")
+@click.option("--dim", type=click.IntRange(min=1), default=2048, show_default=True, help="Feature dimension.")
+@click.option("--ids", type=click.IntRange(min=1), default=750, show_default=True, help="Identities shared by query and gallery.")
+@click.option("--cams", type=click.IntRange(min=1), default=6, show_default=True, help="Cameras.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--junk", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Fraction of gallery rows that are junk (pid -1).")
+@click.option("--distractors", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Fraction of gallery rows that are distractors (pid 0, no identity).")
+@click.option("--open-queries", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Fraction of queries whose identity has no gallery image.")
+@click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)
+@click.option("--chunk-rows", type=click.IntRange(min=1), default=None,
+              help="Rows per zarr chunk. Default: about 8 MiB of features per chunk.")
+@click.option("--metric", type=click.Choice(list(METRIC_CODES)), default="euclidean", show_default=True,
+              help="Default distance recorded in the store.")
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress output.")
+def synth(out, queries, gallery, dim, ids, cams, seed, junk, distractors, open_queries, dtype, chunk_rows,
+          metric, overwrite, quiet):
+    """Write a synthetic ReID-like store (clustered identities, camera shifts), chunk by chunk.
+
+    Memory stays bounded by one chunk, so galleries of millions of rows can be generated.
+    """
+    synth_mod.synthesize(
+        out, n_query=queries, n_gallery=gallery, dim=dim, n_ids=ids, n_cams=cams, seed=seed,
+        junk_frac=junk, distractor_frac=distractors, open_query_frac=open_queries, dtype=dtype,
+        chunk_rows=chunk_rows, default_metric=metric, overwrite=overwrite, progress=not quiet,
+    )
+    if not quiet:
+        click.echo(report.store_summary(open_store(out)))
+
+
+@main.command()
+@click.argument("input_npz", type=click.Path(exists=True, dir_okay=False))
+@click.argument("out", type=click.Path())
+@click.option("--dtype", type=click.Choice(["float32", "float16"]), default=None,
+              help="Stored feature dtype. Default: float16 if the input is float16, else float32.")
+@click.option("--chunk-rows", type=click.IntRange(min=1), default=None,
+              help="Rows per zarr chunk. Default: about 8 MiB of features per chunk.")
+@click.option("--metric", type=click.Choice(list(METRIC_CODES)), default="euclidean", show_default=True,
+              help="Default distance recorded in the store.")
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
+def convert(input_npz, out, dtype, chunk_rows, metric, overwrite):
+    """Convert an .npz of query/gallery features and ids into a store.
+
+    \b
+    Expected arrays (long or short names):
+      query_features   | qf          gallery_features | gf
+      query_pids       | q_pids      gallery_pids     | g_pids
+      query_camids     | q_camids    gallery_camids   | g_camids
+    """
+    store = convert_mod.convert_npz(input_npz, out, dtype=dtype, chunk_rows=chunk_rows,
+                                    default_metric=metric, overwrite=overwrite)
+    click.echo(report.store_summary(store))
+
+
+@main.command()
+@click.argument("store", type=click.Path())
+def validate(store):
+    """Check STORE's structure and scan every feature for NaN or inf."""
+    opened = open_store(store)
+    validate_values(opened)
+    click.echo(report.store_summary(opened))
+    click.echo("ok: structure and values are valid")
+
+
+if __name__ == "__main__":
+    main()

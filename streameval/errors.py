@@ -1,0 +1,24 @@
+"""Errors a user can act on.
+
+Every failure caused by the input (a malformed store, bad options) is raised as a
+:class:`StreamevalError` subclass with a message that names the problem and the fix. The CLI turns
+them into one line on stderr and a non-zero exit code, never a traceback.
+"""
+
+
+class StreamevalError(Exception):
+    """Base class; ``exit_code`` is what the CLI exits with."""
+
+    exit_code = 1
+
+
+class StoreError(StreamevalError):
+    """The feature store is missing, malformed or holds invalid data."""
+
+    exit_code = 3
+
+
+class OptionError(StreamevalError):
+    """An evaluation option is invalid or does not fit the data."""
+
+    exit_code = 2

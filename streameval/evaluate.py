@@ -1,0 +1,117 @@
+"""``evaluate``: options -> plan -> Dask graph -> metrics.  The one entry point of the engine."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+
+import dask
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from . import graph, kernels, metrics
+from .errors import OptionError
+from .plan import DEFAULT_MEMORY_BUDGET, make_plan, parse_bytes
+from .protocol import Protocol
+from .store import Store, open_store, write_store
+
+PRECISIONS = ("float32", "float64")
+ARRAY_NAMES = {  # accepted names for in-memory input, long form first
+    "query_features": ("query_features", "qf"),
+    "query_pids": ("query_pids", "q_pids"),
+    "query_camids": ("query_camids", "q_camids"),
+    "gallery_features": ("gallery_features", "gf"),
+    "gallery_pids": ("gallery_pids", "g_pids"),
+    "gallery_camids": ("gallery_camids", "g_camids"),
+}
+
+
+def evaluate(
+    data,
+    *,
+    metric: str | None = None,
+    protocol: str = "market",
+    junk_pids=(-1,),
+    max_rank: int = 50,
+    precision: str = "float32",
+    query_block: int | None = None,
+    gallery_chunk: int | None = None,
+    memory_budget=DEFAULT_MEMORY_BUDGET,
+    workers: int | None = None,
+) -> metrics.Result:
+    """Evaluate query against gallery features; return a :class:`~streameval.metrics.Result`.
+
+    ``data`` is a store path, an opened :class:`~streameval.store.Store`, or a mapping of in-memory
+    arrays (``query_features, query_pids, query_camids, gallery_features, gallery_pids,
+    gallery_camids``, or the short names ``qf, q_pids, q_camids, gf, g_pids, g_camids``).
+
+    Runs on Dask's threaded scheduler with ``workers`` threads (default: all cores), BLAS pinned to
+    one thread per task; when a ``dask.distributed`` Client is active it runs there instead.
+    """
+    started = time.perf_counter()
+    store = _as_store(data)
+    metric = metric or store.default_metric
+    if metric not in kernels.METRIC_CODES:
+        raise OptionError(f"metric must be one of {', '.join(kernels.METRIC_CODES)}, got {metric!r}")
+    if precision not in PRECISIONS:
+        raise OptionError(f"precision must be float32 or float64, got {precision!r}")
+    if max_rank < 1:
+        raise OptionError(f"max_rank must be at least 1, got {max_rank}")
+    scoring = graph.Scoring(np.dtype(precision), kernels.METRIC_CODES[metric], Protocol.from_options(protocol, junk_pids))
+    client = _distributed_client()
+    workers = workers or (sum(client.nthreads().values()) if client else os.cpu_count() or 1)
+    plan = make_plan(
+        len(store.query), len(store.gallery), store.dim, scoring.dtype.itemsize,
+        store.gallery.features.dtype.itemsize, store.gallery.chunk_rows, workers,
+        parse_bytes(memory_budget), query_block, gallery_chunk,
+    )
+    blocks = graph.build(store.query, store.gallery, plan, scoring)
+    if client is None:
+        with threadpool_limits(limits=1, user_api="blas"):
+            blocks = dask.compute(*blocks, scheduler="threads", num_workers=plan.workers)
+    else:
+        blocks = dask.compute(*blocks)
+    per_query = metrics.concat_blocks(list(blocks))
+    n_valid = int((per_query["n_positives"] > 0).sum())
+    return metrics.Result(
+        n_queries=len(store.query), n_valid_queries=n_valid, n_open_queries=len(store.query) - n_valid,
+        n_gallery=len(store.gallery), metric=metric, protocol=protocol, max_rank=max_rank,
+        per_query=per_query, **metrics.closed_set(per_query, max_rank),
+        options={"junk_pids": [int(p) for p in scoring.protocol.junk_pids], "precision": precision},
+        run={"query_block": plan.query_block, "gallery_chunk": plan.gallery_chunk, "workers": plan.workers,
+             "elapsed_s": time.perf_counter() - started},
+    )
+
+
+def _as_store(data) -> Store:
+    if isinstance(data, Store):
+        return data
+    if isinstance(data, Mapping):
+        return write_store(_memory_target(), *(_pick(data, name) for name in ARRAY_NAMES))
+    return open_store(data)
+
+
+def _pick(arrays: Mapping, name: str):
+    for key in ARRAY_NAMES[name]:
+        if key in arrays:
+            return arrays[key]
+    raise OptionError(f"input arrays lack '{name}' (or its short name '{ARRAY_NAMES[name][1]}')")
+
+
+def _memory_target():
+    import zarr.storage
+
+    return zarr.storage.MemoryStore()
+
+
+def _distributed_client():
+    """The active dask.distributed Client, or None (distributed is an optional extra)."""
+    try:
+        from distributed import default_client
+    except ImportError:
+        return None
+    try:
+        return default_client()
+    except ValueError:
+        return None

@@ -1,0 +1,99 @@
+"""From per-query counts to the reported metrics (METRICS.md section 3), last step of the pipeline.
+
+Closed-set metrics average over Q+ (queries with at least one positive):
+
+* ``cmc[k-1]`` (CMC@k) = |{q in Q+ : r_1(q) <= k}| / |Q+|, k = 1..max_rank
+* ``mAP``            = mean over Q+ of AP(q) = (1/n) sum_j j / r_j
+* ``mAP_trapezoid``  = mean over Q+ of (1/n) sum_j ((j-1)/(r_j-1) + j/r_j) / 2
+* ``mINP``           = mean over Q+ of n / r_n
+
+With Q+ empty every closed-set value is None (and the report says so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PER_QUERY_FIELDS = ("ap", "ap_trapezoid", "inp", "first_hit_rank", "n_positives")
+
+
+@dataclass
+class Result:
+    """Everything one evaluation produced.  ``per_query`` arrays are indexed by query position."""
+
+    n_queries: int
+    n_valid_queries: int
+    n_open_queries: int
+    n_gallery: int
+    metric: str
+    protocol: str
+    max_rank: int
+    cmc: np.ndarray | None
+    mAP: float | None
+    mAP_trapezoid: float | None
+    mINP: float | None
+    per_query: dict
+    options: dict = field(default_factory=dict)
+    run: dict = field(default_factory=dict)
+    gom: dict | None = None
+
+    def rank(self, k: int) -> float | None:
+        """CMC@k; past the end of the computed curve it is None."""
+        if self.cmc is None or k > len(self.cmc):
+            return None
+        return float(self.cmc[k - 1])
+
+    def to_dict(self, per_query: bool = False) -> dict:
+        """JSON-ready dict with the keys of METRICS.md section 5 (plus options and run facts)."""
+        out = {
+            "n_queries": self.n_queries,
+            "n_valid_queries": self.n_valid_queries,
+            "n_open_queries": self.n_open_queries,
+            "n_gallery": self.n_gallery,
+            "metric": self.metric,
+            "protocol": self.protocol,
+            "max_rank": self.max_rank,
+            "cmc": None if self.cmc is None else [float(v) for v in self.cmc],
+            "rank1": self.rank(1),
+            "rank5": self.rank(5),
+            "rank10": self.rank(10),
+            "mAP": self.mAP,
+            "mAP_trapezoid": self.mAP_trapezoid,
+            "mINP": self.mINP,
+            "gom": self.gom,
+            "options": self.options,
+            "run": self.run,
+        }
+        if per_query:
+            out["per_query"] = {name: _json_list(self.per_query[name]) for name in PER_QUERY_FIELDS}
+        return out
+
+
+def _json_list(values: np.ndarray) -> list:
+    """NaN (open-set queries) becomes null so the JSON stays standard."""
+    return [None if isinstance(v, float) and v != v else v for v in values.tolist()]
+
+
+def concat_blocks(blocks: list[dict]) -> dict:
+    return {name: np.concatenate([b[name] for b in blocks]) for name in PER_QUERY_FIELDS}
+
+
+def cmc_curve(first_hit_rank: np.ndarray, max_rank: int) -> np.ndarray:
+    """CMC@k for k = 1..max_rank over the given (valid) queries' first-hit ranks."""
+    hits = np.bincount(np.minimum(first_hit_rank, max_rank + 1) - 1, minlength=max_rank + 1)[:max_rank]
+    return np.cumsum(hits) / first_hit_rank.shape[0]
+
+
+def closed_set(per_query: dict, max_rank: int) -> dict:
+    """Aggregate per-query values over Q+; None everywhere when Q+ is empty."""
+    valid = per_query["n_positives"] > 0
+    if not valid.any():
+        return {"cmc": None, "mAP": None, "mAP_trapezoid": None, "mINP": None}
+    return {
+        "cmc": cmc_curve(per_query["first_hit_rank"][valid], max_rank),
+        "mAP": float(per_query["ap"][valid].mean()),
+        "mAP_trapezoid": float(per_query["ap_trapezoid"][valid].mean()),
+        "mINP": float(per_query["inp"][valid].mean()),
+    }

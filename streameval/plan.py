@@ -1,0 +1,95 @@
+"""Chunk sizes from a memory budget.
+
+One task scores a block of ``query_block`` queries against ``gallery_chunk`` gallery rows.  Its
+working memory is dominated by the dot-product block (query_block x gallery_chunk) and the gallery
+rows it reads (stored dtype plus the upcast copy).  ``workers`` tasks run at once, so each gets a
+``budget / (2 * workers)`` share (the other half covers the query block, positives, states and the
+interpreter).  Nothing here depends on the gallery length except the number of tasks.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from .errors import OptionError
+
+DEFAULT_MEMORY_BUDGET = 1 << 30
+MIN_GALLERY_CHUNK = 256
+TASKS_PER_WORKER = 4  # enough tasks per thread that the last round leaves little idle time
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
+          "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+
+
+def parse_bytes(text) -> int:
+    """'1GiB', '512MB', '2g' or a plain integer -> bytes (binary units)."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not match or match.group(2).upper() not in _UNITS:
+        raise OptionError(f"cannot read a memory size from {text!r} (try 1GiB, 512MiB)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+@dataclass(frozen=True)
+class Plan:
+    query_block: int
+    gallery_chunk: int
+    workers: int
+
+    def query_ranges(self, n_query: int):
+        return _ranges(n_query, self.query_block)
+
+    def gallery_ranges(self, n_gallery: int, start: int = 0):
+        return [(a + start, b + start) for a, b in _ranges(n_gallery - start, self.gallery_chunk)]
+
+
+def _ranges(n: int, step: int):
+    return [(a, min(a + step, n)) for a in range(0, n, step)]
+
+
+def default_chunk_rows(dim: int, itemsize: int, target_bytes: int = 8 << 20) -> int:
+    """Store chunk rows for ~8 MiB chunks: a power of two in [256, 65536]."""
+    rows = max(1, target_bytes // (dim * itemsize))
+    return int(min(65536, max(256, 1 << int(math.log2(rows)))))
+
+
+def make_plan(
+    n_query: int,
+    n_gallery: int,
+    dim: int,
+    itemsize: int,
+    stored_itemsize: int,
+    store_chunk_rows: int,
+    workers: int,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    query_block: int | None = None,
+    gallery_chunk: int | None = None,
+) -> Plan:
+    """Pick (query_block, gallery_chunk); explicit values win but are checked."""
+    for name, value in (("query_block", query_block), ("gallery_chunk", gallery_chunk), ("workers", workers)):
+        if value is not None and value < 1:
+            raise OptionError(f"{name} must be a positive integer, got {value}")
+    share = memory_budget // (2 * workers)
+    row_bytes = dim * (itemsize + stored_itemsize)
+    if query_block is None:
+        # all queries in one block when a minimal chunk still fits: then the gallery is read once
+        query_block = max(1, min(n_query, (share - MIN_GALLERY_CHUNK * row_bytes) // (MIN_GALLERY_CHUNK * itemsize)))
+    if gallery_chunk is None:
+        fit = max(MIN_GALLERY_CHUNK, share // (query_block * itemsize + row_bytes))
+        balanced = math.ceil(n_gallery / (TASKS_PER_WORKER * workers))
+        gallery_chunk = _align(max(MIN_GALLERY_CHUNK, min(fit, balanced)), store_chunk_rows)
+    return Plan(query_block=int(min(query_block, n_query)), gallery_chunk=int(min(gallery_chunk, n_gallery)), workers=workers)
+
+
+def _align(rows: int, store_chunk_rows: int) -> int:
+    """Round to whole store chunks (each chunk read by one task), or to a power-of-two fraction of
+    one when a store chunk is larger than the budget allows."""
+    if rows >= store_chunk_rows:
+        return (rows // store_chunk_rows) * store_chunk_rows
+    fraction = store_chunk_rows
+    while fraction > rows and fraction > MIN_GALLERY_CHUNK:
+        fraction //= 2
+    return fraction

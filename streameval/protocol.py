@@ -1,0 +1,80 @@
+"""Who is junk, positive or negative for a query (METRICS.md section 2), and the positives' order.
+
+* Junk: gallery items whose pid is in ``junk_pids``, and, with protocol ``market``, items with the
+  query's pid AND camera.  Junk is ignored by the ranking metrics.
+* Positives: non-junk items with the query's pid.  Negatives: every other non-junk item.
+
+Positives are few (a handful per query), so they are found first, from ids alone, and their exact
+distances computed pair by pair.  Each query's positives are then kept sorted by
+``(distance, gallery index)``: the order every later count is taken against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import OptionError
+
+PROTOCOLS = ("market", "none")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """``camera_filter``: same-pid same-camera items are junk (protocol ``market``)."""
+
+    camera_filter: bool
+    junk_pids: np.ndarray
+
+    @classmethod
+    def from_options(cls, protocol: str, junk_pids) -> "Protocol":
+        if protocol not in PROTOCOLS:
+            raise OptionError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+        return cls(camera_filter=protocol == "market", junk_pids=np.unique(np.asarray(list(junk_pids), dtype=np.int64)))
+
+    def junk_mask(self, g_pid: np.ndarray) -> np.ndarray:
+        """uint8 flag per gallery item: 1 when its pid is a junk pid (junk for every query)."""
+        return np.isin(g_pid, self.junk_pids).astype(np.uint8)
+
+    def positive_pairs(self, q_pid, q_cam, g_pid, g_cam, g_junk):
+        """(query rows, gallery rows) of every positive pair between a query block and a chunk."""
+        order = np.argsort(q_pid, kind="stable")
+        sorted_pids = q_pid[order]
+        candidates = np.flatnonzero((g_junk == 0) & np.isin(g_pid, sorted_pids))
+        first = np.searchsorted(sorted_pids, g_pid[candidates], side="left")
+        last = np.searchsorted(sorted_pids, g_pid[candidates], side="right")
+        per_candidate = last - first
+        grows = np.repeat(candidates, per_candidate)
+        # positions first[c], first[c]+1, ..., last[c]-1 for each candidate, flattened
+        starts = np.repeat(first - np.cumsum(per_candidate) + per_candidate, per_candidate)
+        qrows = order[starts + np.arange(grows.shape[0])]
+        if self.camera_filter:
+            keep = q_cam[qrows] != g_cam[grows]
+            qrows, grows = qrows[keep], grows[keep]
+        return qrows.astype(np.int64), grows.astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Positives:
+    """Positives of a block of queries, in CSR form, each query's sorted by (distance, gallery index).
+
+    ``offsets[i]:offsets[i+1]`` indexes query i's entries in ``dist`` (float64) and ``gidx`` (global
+    gallery row, int64).
+    """
+
+    offsets: np.ndarray
+    dist: np.ndarray
+    gidx: np.ndarray
+
+    @classmethod
+    def from_pairs(cls, n_queries: int, qrows, gidx, dist) -> "Positives":
+        order = np.lexsort((gidx, dist, qrows))
+        counts = np.bincount(qrows, minlength=n_queries)
+        offsets = np.zeros(n_queries + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        return cls(offsets=offsets, dist=np.ascontiguousarray(dist[order]), gidx=np.ascontiguousarray(gidx[order]))
+
+    @property
+    def counts(self) -> np.ndarray:
+        return np.diff(self.offsets)

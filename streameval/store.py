@@ -1,0 +1,296 @@
+"""The feature store: a zarr v3 group holding query and gallery features.
+
+Layout (schema version 1)::
+
+    STORE.zarr/                       group attrs: streameval_schema = 1,
+                                                   default_metric = "euclidean"
+        query/features   (Nq, D)  float16 | float32, chunked (rows, D): never split along D
+        query/pids       (Nq,)    int64   person ids (-1 junk, 0 distractor by convention)
+        query/camids     (Nq,)    integer camera ids
+        gallery/features (Ng, D)  as above
+        gallery/pids     (Ng,)    int64
+        gallery/camids   (Ng,)    integer
+
+The three arrays of a set are chunked by the same number of rows so one chunk of each describes the
+same images. Feature values are not compressed (float features do not compress); ids are.
+
+``open_store`` checks everything that metadata alone can tell (arrays present, dtypes, shapes,
+chunking) and raises :class:`~streameval.errors.StoreError` with a readable message. Values
+(non-finite features) are checked as chunks are read (``read_rows``), so a full scan is never an
+extra pass over a large gallery; ``validate_values`` does that scan on demand.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import zarr
+
+from .errors import StoreError
+
+SCHEMA_VERSION = 1
+SETS = ("query", "gallery")
+FIELDS = ("features", "pids", "camids")
+FEATURE_DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
+METRICS = ("euclidean", "sqeuclidean", "cosine")
+DEFAULT_CHUNK_ROWS = 8192
+
+
+@dataclass(frozen=True)
+class FeatureSet:
+    """The three arrays describing one set (query or gallery)."""
+
+    name: str
+    features: zarr.Array
+    pids: zarr.Array
+    camids: zarr.Array
+
+    def __len__(self) -> int:
+        return self.features.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.features.shape[1]
+
+    @property
+    def chunk_rows(self) -> int:
+        return self.features.chunks[0]
+
+
+@dataclass(frozen=True)
+class Store:
+    """An opened, structurally valid feature store."""
+
+    path: str
+    query: FeatureSet
+    gallery: FeatureSet
+    default_metric: str
+
+    @property
+    def dim(self) -> int:
+        return self.query.dim
+
+
+def _is_path(target) -> bool:
+    return isinstance(target, (str, os.PathLike))
+
+
+def open_store(target, mode: str = "r") -> Store:
+    """Open a store (a path, or a zarr store object) and check its structure.
+
+    Raises StoreError naming the first problem found.
+    """
+    path = os.fspath(target) if _is_path(target) else repr(target)
+    if _is_path(target) and not os.path.exists(path):
+        raise StoreError(f"no feature store at '{path}' (create one with 'streameval synth' or 'streameval convert')")
+    try:
+        group = zarr.open_group(target, mode=mode)
+    except Exception as exc:  # zarr raises several types for "not a group"
+        raise StoreError(f"'{path}' is not a zarr v3 group: {exc}") from None
+    schema = group.attrs.get("streameval_schema")
+    if schema != SCHEMA_VERSION:
+        raise StoreError(
+            f"'{path}' is not a streameval store of schema {SCHEMA_VERSION} (attribute streameval_schema={schema!r})"
+        )
+    query, gallery = (_open_set(group, path, name) for name in SETS)
+    if query.dim != gallery.dim:
+        raise StoreError(
+            f"'{path}': query features have dimension {query.dim} but gallery features have {gallery.dim}"
+        )
+    default_metric = group.attrs.get("default_metric", "euclidean")
+    if default_metric not in METRICS:
+        raise StoreError(f"'{path}': default_metric {default_metric!r} is not one of {', '.join(METRICS)}")
+    return Store(path=path, query=query, gallery=gallery, default_metric=default_metric)
+
+
+def _open_set(group: zarr.Group, path: str, name: str) -> FeatureSet:
+    arrays = {}
+    for field in FIELDS:
+        key = f"{name}/{field}"
+        try:
+            arrays[field] = group[key]
+        except KeyError:
+            raise StoreError(f"'{path}' has no '{key}' array") from None
+        if not isinstance(arrays[field], zarr.Array):
+            raise StoreError(f"'{path}': '{key}' is a group, expected an array")
+    fs = FeatureSet(name=name, **arrays)
+    _check_set_structure(fs, path)
+    return fs
+
+
+def _check_set_structure(fs: FeatureSet, path: str) -> None:
+    where = f"'{path}' {fs.name}"
+    feats = fs.features
+    if feats.ndim != 2:
+        raise StoreError(f"{where}/features must be 2-D (rows x dim), got shape {feats.shape}")
+    if feats.dtype not in FEATURE_DTYPES:
+        raise StoreError(f"{where}/features has dtype {feats.dtype}; expected float16 or float32")
+    if feats.chunks[1] != feats.shape[1]:
+        raise StoreError(
+            f"{where}/features is chunked {feats.chunks}, splitting the feature axis; "
+            f"rechunk to (rows, {feats.shape[1]})"
+        )
+    if fs.pids.dtype != np.dtype(np.int64):
+        raise StoreError(f"{where}/pids has dtype {fs.pids.dtype}; expected int64")
+    if fs.camids.dtype.kind not in "iu":
+        raise StoreError(f"{where}/camids has dtype {fs.camids.dtype}; expected an integer type")
+    for field in ("pids", "camids"):
+        arr = getattr(fs, field)
+        if arr.ndim != 1 or arr.shape[0] != feats.shape[0]:
+            raise StoreError(
+                f"{where}: {field} has shape {arr.shape} but features have {feats.shape[0]} rows; "
+                "features, pids and camids must have one entry per image"
+            )
+    if feats.shape[0] == 0:
+        raise StoreError(f"{where} set is empty")
+
+
+def check_batch(features, pids, camids, where: str, dim: int | None = None):
+    """Validate an in-memory batch of rows and return it as (float array, int64, int64).
+
+    Features must be floating point and finite; ids integer; all three the same length.
+    """
+    features = np.asarray(features)
+    pids = np.asarray(pids)
+    camids = np.asarray(camids)
+    if features.ndim != 2:
+        raise StoreError(f"{where} features must be 2-D (rows x dim), got shape {features.shape}")
+    if features.dtype.kind != "f":
+        raise StoreError(f"{where} features have dtype {features.dtype}; expected floating point")
+    for label, ids in (("pids", pids), ("camids", camids)):
+        if ids.ndim != 1 or ids.shape[0] != features.shape[0]:
+            raise StoreError(
+                f"{where} {label} has shape {ids.shape} but features have {features.shape[0]} rows"
+            )
+        if ids.dtype.kind not in "iu":
+            raise StoreError(f"{where} {label} have dtype {ids.dtype}; expected integers")
+    if features.shape[0] == 0:
+        raise StoreError(f"{where} set is empty")
+    if dim is not None and features.shape[1] != dim:
+        raise StoreError(f"{where} features have dimension {features.shape[1]}, expected {dim}")
+    _check_finite(features, where, 0)
+    return features, pids.astype(np.int64, copy=False), camids.astype(np.int64, copy=False)
+
+
+def _check_finite(features: np.ndarray, where: str, row0: int) -> None:
+    finite_rows = np.isfinite(features).all(axis=1)
+    if not finite_rows.all():
+        bad = int(np.flatnonzero(~finite_rows)[0]) + row0
+        raise StoreError(f"{where} features hold non-finite values (NaN or inf), first at row {bad}")
+
+
+def create_store(
+    target,
+    n_query: int,
+    n_gallery: int,
+    dim: int,
+    dtype: str = "float32",
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    default_metric: str = "euclidean",
+    overwrite: bool = False,
+) -> Store:
+    """Create an empty store of the given shape, to be filled with ``write_rows``.
+
+    ``target`` is a path or a zarr store object.  Refuses to touch an existing path unless
+    ``overwrite`` is set.
+    """
+    dtype = np.dtype(dtype)
+    if dtype not in FEATURE_DTYPES:
+        raise StoreError(f"feature dtype must be float16 or float32, got {dtype}")
+    if default_metric not in METRICS:
+        raise StoreError(f"default metric must be one of {', '.join(METRICS)}, got {default_metric!r}")
+    if min(n_query, n_gallery) <= 0 or dim <= 0:
+        raise StoreError(f"cannot create a store with {n_query} queries, {n_gallery} gallery rows, dim {dim}")
+    if _is_path(target) and os.path.exists(target) and not overwrite:
+        raise StoreError(f"'{os.fspath(target)}' already exists; pass --overwrite (overwrite=True) to replace it")
+    group = zarr.open_group(target, mode="w")
+    group.attrs.update({"streameval_schema": SCHEMA_VERSION, "default_metric": default_metric})
+    for name, rows in (("query", n_query), ("gallery", n_gallery)):
+        chunk = max(1, min(chunk_rows, rows))
+        group.create_array(f"{name}/features", shape=(rows, dim), dtype=dtype, chunks=(chunk, dim), compressors=None)
+        group.create_array(f"{name}/pids", shape=(rows,), dtype=np.int64, chunks=(chunk,))
+        group.create_array(f"{name}/camids", shape=(rows,), dtype=np.int64, chunks=(chunk,))
+    return open_store(target, mode="r+")
+
+
+def write_rows(fs: FeatureSet, start: int, features, pids, camids) -> None:
+    """Write a validated batch of rows at ``start`` (features cast to the store dtype)."""
+    features, pids, camids = check_batch(features, pids, camids, f"{fs.name} rows {start}+", fs.dim)
+    stop = start + features.shape[0]
+    stored = features.astype(fs.features.dtype, copy=False)
+    _check_finite(stored, f"{fs.name} (after casting to {fs.features.dtype})", start)
+    fs.features[start:stop] = stored
+    fs.pids[start:stop] = pids
+    fs.camids[start:stop] = camids
+
+
+def write_store(
+    target,
+    query_features,
+    query_pids,
+    query_camids,
+    gallery_features,
+    gallery_pids,
+    gallery_camids,
+    dtype: str | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    default_metric: str = "euclidean",
+    overwrite: bool = False,
+) -> Store:
+    """Write in-memory arrays as a new store (validated before anything touches the disk)."""
+    q = check_batch(query_features, query_pids, query_camids, "query")
+    g = check_batch(gallery_features, gallery_pids, gallery_camids, "gallery")
+    if q[0].shape[1] != g[0].shape[1]:
+        raise StoreError(
+            f"query features have dimension {q[0].shape[1]} but gallery features have {g[0].shape[1]}"
+        )
+    if dtype is None:
+        dtype = "float16" if q[0].dtype == np.float16 else "float32"
+    store = create_store(
+        target, len(q[1]), len(g[1]), q[0].shape[1], dtype, chunk_rows, default_metric, overwrite
+    )
+    for fs, rows in ((store.query, q), (store.gallery, g)):
+        for start in range(0, len(rows[1]), fs.chunk_rows):
+            stop = start + fs.chunk_rows
+            write_rows(fs, start, rows[0][start:stop], rows[1][start:stop], rows[2][start:stop])
+    return store
+
+
+def append_gallery(path, features, pids, camids) -> Store:
+    """Append rows to the gallery of an existing store and return the reopened store."""
+    store = open_store(path, mode="r+")
+    fs = store.gallery
+    features, pids, camids = check_batch(features, pids, camids, "appended gallery", fs.dim)
+    start = len(fs)
+    stop = start + features.shape[0]
+    for arr in (fs.features, fs.pids, fs.camids):
+        arr.resize((stop,) + arr.shape[1:])
+    write_rows(fs, start, features, pids, camids)
+    return open_store(path)
+
+
+def read_rows(fs: FeatureSet, start: int, stop: int, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Read rows [start, stop) of a set: features upcast to ``dtype`` and checked finite, ids as int64."""
+    features = np.ascontiguousarray(fs.features[start:stop], dtype=dtype)
+    _check_finite(features, fs.name, start)
+    pids = np.asarray(fs.pids[start:stop], dtype=np.int64)
+    camids = np.asarray(fs.camids[start:stop], dtype=np.int64)
+    return features, pids, camids
+
+
+def read_ids(fs: FeatureSet, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Read pids and camids of rows [start, stop) as int64 (no features)."""
+    stop = len(fs) if stop is None else stop
+    return (
+        np.asarray(fs.pids[start:stop], dtype=np.int64),
+        np.asarray(fs.camids[start:stop], dtype=np.int64),
+    )
+
+
+def validate_values(store: Store) -> None:
+    """Scan every chunk of both sets and raise StoreError on the first non-finite feature."""
+    for fs in (store.query, store.gallery):
+        for start in range(0, len(fs), fs.chunk_rows):
+            read_rows(fs, start, min(start + fs.chunk_rows, len(fs)), fs.features.dtype)
