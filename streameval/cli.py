@@ -1,4 +1,4 @@
-"""Command line: ``streameval eval | synth | convert | validate``.
+"""Command line: ``streameval eval | synth | convert | validate | plot``.
 
 Errors in the input end as one line on stderr and a non-zero exit code (2: bad option,
 3: bad store or data), never as a traceback.
@@ -36,12 +36,16 @@ class _Group(click.Group):
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="streameval")
 def main():
-    """Exact out-of-core ReID evaluation: CMC, mAP, mINP over chunked zarr features.
+    """Exact out-of-core ReID evaluation over chunked zarr features.
+
+    CMC, mAP, mINP and the GOM open-set metrics (mReP, mFR, MREP, MFR, ...), computed by streaming
+    the gallery in chunks: the query x gallery distance matrix is never built.
 
     \b
     Typical session:
       streameval synth demo.zarr --queries 3368 --gallery 19732 --dim 2048
       streameval eval demo.zarr --json result.json
+      streameval plot result.json result.png
     """
 
 
@@ -79,6 +83,16 @@ def _refuse_overwrite(path: str, overwrite: bool) -> None:
 @click.option("--max-rank", type=click.IntRange(min=1), default=50, show_default=True, help="Length of the CMC curve.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="float32", show_default=True,
               help="Precision of the distance GEMM (features are upcast per chunk).")
+@click.option("--no-gom", is_flag=True, help="Skip the GOM open-set metrics (closed-set metrics only, one pass).")
+@click.option("--gom-norm", default="minmax", show_default=True,
+              help="GOM distance normalisation: minmax (global min/max, an extra pass), fixed:LO:HI "
+                   "(e.g. fixed:0:2 for cosine, one pass) or none (distances already in [0, 1]).")
+@click.option("--gom-bins", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Threshold grid size N: tau = 0, 1/N, ..., 1.")
+@click.option("--gom-b", type=click.IntRange(min=1), default=3000, show_default=True,
+              help="FR cap B: FR = min(returned, B) / B for open-set queries.")
+@click.option("--gom-vp", type=click.Choice(["reference", "jaccard"]), default="reference", show_default=True,
+              help="VP as the GOM reference code (returns capped at the last positive) or the paper's Jaccard index.")
 @click.option("--query-block", type=click.IntRange(min=1), default=None,
               help="Queries per task. Default: all queries if the memory budget allows (gallery read once).")
 @click.option("--gallery-chunk", type=click.IntRange(min=1), default=None,
@@ -91,14 +105,15 @@ def _refuse_overwrite(path: str, overwrite: bool) -> None:
 @click.option("--per-query", is_flag=True, help="Include per-query AP, INP, first-hit rank, #positives in the JSON.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --json file.")
 @click.option("--quiet", "-q", is_flag=True, help="Print no summary table.")
-def eval_cmd(store, metric, protocol, junk_pids, max_rank, precision, query_block, gallery_chunk,
-             memory_budget, workers, json_path, per_query, overwrite, quiet):
+def eval_cmd(store, metric, protocol, junk_pids, max_rank, precision, no_gom, gom_norm, gom_bins, gom_b, gom_vp,
+             query_block, gallery_chunk, memory_budget, workers, json_path, per_query, overwrite, quiet):
     """Evaluate STORE's queries against its gallery, streaming the gallery in chunks."""
     if json_path:
         _refuse_overwrite(json_path, overwrite)
     result = evaluate(
         open_store(store), metric=metric, protocol=protocol, junk_pids=junk_pids, max_rank=max_rank,
-        precision=precision, query_block=query_block, gallery_chunk=gallery_chunk,
+        precision=precision, no_gom=no_gom, gom_norm=gom_norm, gom_bins=gom_bins, gom_b=gom_b, gom_vp=gom_vp,
+        query_block=query_block, gallery_chunk=gallery_chunk,
         memory_budget=memory_budget, workers=workers,
     )
     if not quiet:
@@ -171,6 +186,22 @@ def convert(input_npz, out, dtype, chunk_rows, metric, overwrite):
     store = convert_mod.convert_npz(input_npz, out, dtype=dtype, chunk_rows=chunk_rows,
                                     default_metric=metric, overwrite=overwrite)
     click.echo(report.store_summary(store))
+
+
+@main.command()
+@click.argument("result_json", type=click.Path(exists=True, dir_okay=False))
+@click.argument("out_png", type=click.Path())
+@click.option("--overwrite", is_flag=True, help="Replace OUT_PNG if it exists.")
+def plot(result_json, out_png, overwrite):
+    """Draw the CMC curve and the GOM mReP / mFR curves (tau_max marked) of an eval --json result.
+
+    Needs matplotlib (pip install 'streameval[plot]').
+    """
+    from . import plot as plot_mod
+
+    _refuse_overwrite(out_png, overwrite)
+    plot_mod.plot_result(result_json, out_png)
+    click.echo(f"wrote {out_png}")
 
 
 @main.command()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
+from functools import reduce
 
 import dask
 import numpy as np
@@ -12,6 +13,8 @@ from threadpoolctl import threadpool_limits
 
 from . import graph, kernels, metrics
 from .errors import OptionError
+from .gom import CurveSums, GomOptions
+from .gom import summarize as summarize_gom
 from .plan import DEFAULT_MEMORY_BUDGET, make_plan, parse_bytes
 from .protocol import Protocol
 from .store import Store, open_store, write_store
@@ -35,6 +38,11 @@ def evaluate(
     junk_pids=(-1,),
     max_rank: int = 50,
     precision: str = "float32",
+    no_gom: bool = False,
+    gom_norm: str = "minmax",
+    gom_bins: int = 100,
+    gom_b: int = 3000,
+    gom_vp: str = "reference",
     query_block: int | None = None,
     gallery_chunk: int | None = None,
     memory_budget=DEFAULT_MEMORY_BUDGET,
@@ -45,6 +53,8 @@ def evaluate(
     ``data`` is a store path, an opened :class:`~streameval.store.Store`, or a mapping of in-memory
     arrays (``query_features, query_pids, query_camids, gallery_features, gallery_pids,
     gallery_camids``, or the short names ``qf, q_pids, q_camids, gf, g_pids, g_camids``).
+
+    GOM open-set metrics (``gom_*`` options, METRICS.md section 4) are computed unless ``no_gom``.
 
     Runs on Dask's threaded scheduler with ``workers`` threads (default: all cores), BLAS pinned to
     one thread per task; when a ``dask.distributed`` Client is active it runs there instead.
@@ -58,7 +68,10 @@ def evaluate(
         raise OptionError(f"precision must be float32 or float64, got {precision!r}")
     if max_rank < 1:
         raise OptionError(f"max_rank must be at least 1, got {max_rank}")
-    scoring = graph.Scoring(np.dtype(precision), kernels.METRIC_CODES[metric], Protocol.from_options(protocol, junk_pids))
+    gom_options = None if no_gom else GomOptions.parse(gom_norm, gom_bins, gom_b, gom_vp)
+    scoring = graph.Scoring(
+        np.dtype(precision), kernels.METRIC_CODES[metric], Protocol.from_options(protocol, junk_pids), gom_options
+    )
     client = _distributed_client()
     workers = workers or (sum(client.nthreads().values()) if client else os.cpu_count() or 1)
     plan = make_plan(
@@ -66,18 +79,19 @@ def evaluate(
         store.gallery.features.dtype.itemsize, store.gallery.chunk_rows, workers,
         parse_bytes(memory_budget), query_block, gallery_chunk,
     )
-    blocks = graph.build(store.query, store.gallery, plan, scoring)
+    graph_blocks, graph_range = graph.build(store.query, store.gallery, plan, scoring)
     if client is None:
         with threadpool_limits(limits=1, user_api="blas"):
-            blocks = dask.compute(*blocks, scheduler="threads", num_workers=plan.workers)
+            blocks, dist_range = dask.compute(graph_blocks, graph_range, scheduler="threads", num_workers=plan.workers)
     else:
-        blocks = dask.compute(*blocks)
-    per_query = metrics.concat_blocks(list(blocks))
+        blocks, dist_range = dask.compute(graph_blocks, graph_range)
+    per_query = metrics.concat_blocks(blocks)
     n_valid = int((per_query["n_positives"] > 0).sum())
     return metrics.Result(
         n_queries=len(store.query), n_valid_queries=n_valid, n_open_queries=len(store.query) - n_valid,
         n_gallery=len(store.gallery), metric=metric, protocol=protocol, max_rank=max_rank,
         per_query=per_query, **metrics.closed_set(per_query, max_rank),
+        gom=None if no_gom else summarize_gom(reduce(CurveSums.merge, [b["gom"] for b in blocks]), gom_options, dist_range),
         options={"junk_pids": [int(p) for p in scoring.protocol.junk_pids], "precision": precision},
         run={"query_block": plan.query_block, "gallery_chunk": plan.gallery_chunk, "workers": plan.workers,
              "elapsed_s": time.perf_counter() - started},

@@ -2,10 +2,11 @@
 
 For each query block::
 
-    load_query_block ─┬─> find_positive_pairs(chunk 0..C) ─> collect_positives ─┐
-                      └──────────────────────────────────────────────────────────┴─> score_chunk(chunk 0..C)
-                                                     tree of RankState.merge <─┘
-                                                              └─> rank_summaries (per-query arrays)
+    load_rows(queries) ─┬─> find_positive_pairs(chunk 0..C) ─> collect_positives ─┐
+                        ├─> [minmax GOM only] block_range(chunk 0..C) ─> tree of min/max ─┤
+                        └───────────────────────────────────────────────────────────────┴─> score_chunk(chunk 0..C)
+                                                            tree of RankState.merge <─┘
+                                                                     └─> summarize_block
 
 Tasks receive the store's arrays (not data) and read their own gallery rows, so nothing but small
 states travels between workers; the query block and its positives are computed once and shared.
@@ -21,6 +22,7 @@ from dask import delayed
 
 from . import kernels
 from .errors import StoreError
+from .gom import DistanceRange, GomOptions, Normalisation, block_curve_sums
 from .plan import Plan
 from .protocol import Positives, Protocol
 from .state import RankState
@@ -31,11 +33,12 @@ MERGE_FAN_IN = 8
 
 @dataclass(frozen=True)
 class Scoring:
-    """What every task needs to score pairs: working dtype, metric code and protocol."""
+    """What every task needs to score pairs: working dtype, metric code, protocol, GOM options."""
 
     dtype: np.dtype
     metric: int
     protocol: Protocol
+    gom: GomOptions | None
 
 
 @dataclass(frozen=True)
@@ -59,43 +62,65 @@ def load_rows(fs: FeatureSet, start: int, stop: int, scoring: Scoring) -> Rows:
 
 
 def find_positive_pairs(gallery: FeatureSet, start: int, stop: int, queries: Rows, scoring: Scoring):
-    """Positive pairs between the query block and gallery rows [start, stop), with exact distances.
+    """Positive pairs between the query block and gallery rows [start, stop), with exact distances,
+    and each query's junk count in those rows.
 
     Reads the chunk's features only when it holds a positive of some query in the block.
     """
     g_pid, g_cam = read_ids(gallery, start, stop)
-    qrows, grows = scoring.protocol.positive_pairs(
+    qrows, grows, junk = scoring.protocol.positive_pairs(
         queries.pids, queries.camids, g_pid, g_cam, scoring.protocol.junk_mask(g_pid)
     )
     if qrows.size == 0:
-        return qrows, grows, np.empty(0, dtype=np.float64)
+        return qrows, grows, np.empty(0, dtype=np.float64), junk
     chunk = load_rows(gallery, start, stop, scoring)
     dist = kernels.pair_distances(
         queries.features, chunk.features, qrows, grows, queries.terms, chunk.terms, scoring.metric
     )
-    return qrows, grows + start, dist
+    return qrows, grows + start, dist, junk
 
 
 def collect_positives(n_queries: int, *parts) -> Positives:
-    qrows, gidx, dist = (np.concatenate(column) for column in zip(*parts))
-    return Positives.from_pairs(n_queries, qrows, gidx, dist)
+    qrows, gidx, dist = (np.concatenate(column) for column in list(zip(*parts))[:3])
+    return Positives.from_pairs(n_queries, qrows, gidx, dist, sum(part[3] for part in parts))
 
 
-def score_chunk(gallery: FeatureSet, start: int, stop: int, queries: Rows, positives: Positives, scoring: Scoring) -> RankState:
-    """Slot counts of the negatives in gallery rows [start, stop) for every query of the block."""
-    state = RankState.empty(positives.dist.shape[0])
+def _dots(gallery: FeatureSet, start: int, stop: int, queries: Rows, scoring: Scoring):
     chunk = load_rows(gallery, start, stop, scoring)
-    dots = queries.features @ chunk.features.T
-    kernels.count_negative_slots(
+    return chunk, queries.features @ chunk.features.T
+
+
+def block_range(gallery: FeatureSet, start: int, stop: int, queries: Rows, scoring: Scoring) -> DistanceRange:
+    """Min and max distance between the query block and gallery rows [start, stop)."""
+    chunk, dots = _dots(gallery, start, stop, queries, scoring)
+    return DistanceRange(*kernels.distance_range(dots, queries.terms, chunk.terms, scoring.metric))
+
+
+def positives_range(positives: Positives) -> DistanceRange:
+    """Positives' own (pair-computed) distances belong to the range too, so their d~ is in [0, 1]."""
+    if positives.dist.size == 0:
+        return DistanceRange(np.inf, -np.inf)
+    return DistanceRange(float(positives.dist.min()), float(positives.dist.max()))
+
+
+def score_chunk(gallery: FeatureSet, start: int, stop: int, queries: Rows, positives: Positives,
+                scoring: Scoring, norm: Normalisation) -> RankState:
+    """Slot counts (and GOM threshold histograms) of the negatives in gallery rows [start, stop)."""
+    gom = scoring.gom
+    tau = gom.tau if gom else np.zeros(1)
+    state = RankState.empty(positives.dist.shape[0], len(queries.pids), tau.shape[0] + 1 if gom else 0)
+    chunk, dots = _dots(gallery, start, stop, queries, scoring)
+    kernels.score_block(
         dots, queries.terms, chunk.terms, scoring.metric, queries.pids, chunk.pids,
         scoring.protocol.junk_mask(chunk.pids), start,
         positives.offsets, positives.dist, positives.gidx, state.neg_slots,
+        gom is not None, norm.mode, norm.lo, norm.span, tau, state.neg_hist,
     )
     return state
 
 
-def summarize_block(positives: Positives, state: RankState) -> dict:
-    """Per-query arrays for one query block: first-hit rank, AP, AP_trapezoid, INP, #positives."""
+def summarize_block(positives: Positives, state: RankState, scoring: Scoring, norm: Normalisation) -> dict:
+    """Per-query arrays (first-hit rank, AP, AP_trapezoid, INP, #positives) and GOM curve sums."""
     n = positives.offsets.shape[0] - 1
     out = {
         "first_hit_rank": np.empty(n, dtype=np.int64),
@@ -103,6 +128,7 @@ def summarize_block(positives: Positives, state: RankState) -> dict:
     }
     kernels.rank_summaries(positives.offsets, state.neg_slots, out["first_hit_rank"], out["ap"], out["ap_trapezoid"], out["inp"])
     out["n_positives"] = positives.counts
+    out["gom"] = block_curve_sums(positives, state, scoring.gom, norm) if scoring.gom else None
     return out
 
 
@@ -117,14 +143,34 @@ def tree_reduce(items: list, merge, fan_in: int = MERGE_FAN_IN):
     return items[0]
 
 
-def build(query: FeatureSet, gallery: FeatureSet, plan: Plan, scoring: Scoring) -> list:
-    """One delayed per-query summary dict per query block, in query order."""
+def _normalisation(options: GomOptions | None, dist_range) -> Normalisation:
+    if options is None or options.norm == "none":
+        return Normalisation.identity()
+    if options.norm == "fixed":
+        return Normalisation.affine(options.lo, options.hi)
+    return Normalisation.affine(dist_range.lo, dist_range.hi)
+
+
+def build(query: FeatureSet, gallery: FeatureSet, plan: Plan, scoring: Scoring):
+    """(one delayed summary dict per query block in query order, delayed global DistanceRange or None).
+
+    With ``minmax`` GOM normalisation the range is a first pass over all pairs; every scoring task
+    waits for it.
+    """
     chunks = plan.gallery_ranges(len(gallery))
-    summaries = []
+    blocks = []
     for q_start, q_stop in plan.query_ranges(len(query)):
         queries = delayed(load_rows)(query, q_start, q_stop, scoring)
         pairs = [delayed(find_positive_pairs)(gallery, a, b, queries, scoring) for a, b in chunks]
-        positives = delayed(collect_positives)(q_stop - q_start, *pairs)
-        states = [delayed(score_chunk)(gallery, a, b, queries, positives, scoring) for a, b in chunks]
-        summaries.append(delayed(summarize_block)(positives, tree_reduce(states, RankState.merge)))
-    return summaries
+        blocks.append((queries, delayed(collect_positives)(q_stop - q_start, *pairs)))
+    dist_range = None
+    if scoring.gom is not None and scoring.gom.norm == "minmax":
+        ranges = [delayed(block_range)(gallery, a, b, queries, scoring) for queries, _ in blocks for a, b in chunks]
+        ranges += [delayed(positives_range)(positives) for _, positives in blocks]
+        dist_range = tree_reduce(ranges, DistanceRange.merge)
+    norm = delayed(_normalisation)(scoring.gom, dist_range)
+    summaries = []
+    for queries, positives in blocks:
+        states = [delayed(score_chunk)(gallery, a, b, queries, positives, scoring, norm) for a, b in chunks]
+        summaries.append(delayed(summarize_block)(positives, tree_reduce(states, RankState.merge), scoring, norm))
+    return summaries, dist_range

@@ -79,31 +79,82 @@ def _positives_before(pos_d, pos_g, lo, hi, d, g):
     return lo - start
 
 
+NORM_NONE, NORM_AFFINE = 0, 1
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def normalise(d, norm_mode, lo, span):
+    """GOM's d~: ``d`` itself (mode none) or ``(d - lo) / span`` clipped to [0, 1] (minmax, fixed).
+
+    A zero span (every distance equal) maps everything to 0.
+    """
+    if norm_mode == NORM_NONE:
+        return d
+    if span == 0.0:
+        return 0.0
+    return min(max((d - lo) / span, 0.0), 1.0)
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def threshold_bin(dn, tau):
+    """Smallest i with ``dn <= tau[i]``; ``len(tau)`` when no threshold returns the item.
+
+    ``tau[i] = i * (1/N)``; the estimate ceil(dn * N) is at most one off and is corrected against the
+    grid values themselves, so a distance equal to a grid value lands exactly at that threshold.
+    """
+    n = tau.shape[0] - 1
+    k = int(math.ceil(min(max(dn, 0.0), 2.0) * n))
+    k = min(k, n + 1)
+    if k > 0 and dn <= tau[k - 1]:
+        k -= 1
+    elif k <= n and dn > tau[k]:
+        k += 1
+    return k
+
+
 @_jit
-def count_negative_slots(dots, qa, ga, metric, q_pid, g_pid, g_junk, g_start, pos_off, pos_d, pos_g, neg_slots):
-    """Add this chunk's negatives to ``neg_slots`` (see the module docstring).
+def score_block(dots, qa, ga, metric, q_pid, g_pid, g_junk, g_start, pos_off, pos_d, pos_g, neg_slots,
+                with_gom, norm_mode, lo, span, tau, neg_hist):
+    """Add this chunk's negatives to the ranking slots and, with GOM, to the threshold histograms.
 
     dots: (qb, gc) dot products of the query block with the gallery chunk starting at global row
     ``g_start``.  A gallery item is a negative of query i when it is not junk (``g_junk``) and its pid
-    differs from the query's (same-pid items are positives or same-camera junk).  Only negatives
-    ordered before the query's last positive are counted: later ones change no rank.
+    differs from the query's (same-pid items are positives or same-camera junk).
+
+    * ``neg_slots`` (see the module docstring): only negatives ordered before the query's last
+      positive are counted, later ones change no rank.
+    * ``neg_hist[i, k]`` (with_gom): negatives first returned at threshold ``tau[k]``
+      (k = len(tau): never returned).
     """
     nq, ng = dots.shape
     for i in range(nq):
-        lo = pos_off[i]
-        hi = pos_off[i + 1]
-        if hi == lo:
-            continue
-        d_last = pos_d[hi - 1]
-        g_last = pos_g[hi - 1]
+        lo_pos = pos_off[i]
+        hi_pos = pos_off[i + 1]
+        d_last = pos_d[hi_pos - 1] if hi_pos > lo_pos else -np.inf
+        g_last = pos_g[hi_pos - 1] if hi_pos > lo_pos else -1
         qp = q_pid[i]
         qai = qa[i]
         for j in range(ng):
             d = pair_distance(dots[i, j], qai, ga[j], metric)
+            negative = (g_pid[j] != qp) & (g_junk[j] == 0)
+            if with_gom:
+                neg_hist[i, threshold_bin(normalise(d, norm_mode, lo, span), tau)] += negative
             g = g_start + j
-            if (d < d_last) | ((d == d_last) & (g < g_last)):
-                if (g_pid[j] != qp) & (g_junk[j] == 0):
-                    neg_slots[lo + _positives_before(pos_d, pos_g, lo, hi, d, g)] += 1
+            if negative & ((d < d_last) | ((d == d_last) & (g < g_last))):
+                neg_slots[lo_pos + _positives_before(pos_d, pos_g, lo_pos, hi_pos, d, g)] += 1
+
+
+@_jit
+def distance_range(dots, qa, ga, metric):
+    """(min, max) distance over a block: the first GOM pass of ``minmax`` normalisation."""
+    lo = np.inf
+    hi = -np.inf
+    for i in range(dots.shape[0]):
+        for j in range(dots.shape[1]):
+            d = pair_distance(dots[i, j], qa[i], ga[j], metric)
+            lo = min(lo, d)
+            hi = max(hi, d)
+    return lo, hi
 
 
 @_jit
@@ -138,3 +189,50 @@ def rank_summaries(pos_off, neg_slots, first_rank, ap, ap_trapezoid, inp):
         ap[q] = rect / n
         ap_trapezoid[q] = trap / n
         inp[q] = n / rank
+
+
+@_jit
+def gom_block_sums(pos_off, pos_d, neg_slots, neg_hist, junk, tau, norm_mode, lo, span, vp_jaccard, b_cap,
+                   rp_sum, vp_sum, rep_sum, fr_sum):
+    """Add each query's GOM curves (METRICS.md 4.2) over the grid ``tau`` to the running sums.
+
+    Per query: R_tau = returned non-junk items (negatives from ``neg_hist``, positives from their
+    exact distances) plus its ``junk`` items when tau >= 1; TP_tau = returned positives, a prefix of
+    the positives since they are sorted by distance.  Q+ adds RP, VP, ReP; Q- adds FR.
+
+    RP_tau = (1/TP) sum_{j<=TP} j / r_j (0 when TP = 0);
+    VP_tau = TP / (min(R_tau, r_n) - TP + n)   (reference) or TP / (R_tau - TP + n) (jaccard);
+    ReP_tau = sqrt(RP_tau * VP_tau);  FR_tau = min(R_tau, B) / B.
+    """
+    n_tau = tau.shape[0]
+    returned = np.empty(n_tau + 1, dtype=np.int64)
+    for q in range(pos_off.shape[0] - 1):
+        first = pos_off[q]
+        n = pos_off[q + 1] - first
+        returned[:] = neg_hist[q, : n_tau + 1]
+        for p in range(first, first + n):
+            returned[threshold_bin(normalise(pos_d[p], norm_mode, lo, span), tau)] += 1
+        for t in range(1, n_tau):
+            returned[t] += returned[t - 1]
+        for t in range(n_tau):
+            if tau[t] >= 1.0:
+                returned[t] += junk[q]
+        if n == 0:
+            for t in range(n_tau):
+                fr_sum[t] += min(returned[t], b_cap) / b_cap
+            continue
+        last_rank = n + neg_slots[first: first + n].sum()
+        tp = 0
+        negatives_before = 0
+        precision_sum = 0.0
+        for t in range(n_tau):
+            while tp < n and threshold_bin(normalise(pos_d[first + tp], norm_mode, lo, span), tau) <= t:
+                negatives_before += neg_slots[first + tp]
+                tp += 1
+                precision_sum += tp / (tp + negatives_before)
+            rp = precision_sum / tp if tp > 0 else 0.0
+            cap = returned[t] if vp_jaccard else min(returned[t], last_rank)
+            vp = tp / (cap - tp + n)
+            rp_sum[t] += rp
+            vp_sum[t] += vp
+            rep_sum[t] += math.sqrt(rp * vp)

@@ -38,7 +38,11 @@ class Protocol:
         return np.isin(g_pid, self.junk_pids).astype(np.uint8)
 
     def positive_pairs(self, q_pid, q_cam, g_pid, g_cam, g_junk):
-        """(query rows, gallery rows) of every positive pair between a query block and a chunk."""
+        """Positive pairs between a query block and a chunk, and each query's junk count there.
+
+        Returns (query rows, gallery rows, junk per query): junk pids plus, under ``market``,
+        same-pid same-camera items.
+        """
         order = np.argsort(q_pid, kind="stable")
         sorted_pids = q_pid[order]
         candidates = np.flatnonzero((g_junk == 0) & np.isin(g_pid, sorted_pids))
@@ -49,10 +53,12 @@ class Protocol:
         # positions first[c], first[c]+1, ..., last[c]-1 for each candidate, flattened
         starts = np.repeat(first - np.cumsum(per_candidate) + per_candidate, per_candidate)
         qrows = order[starts + np.arange(grows.shape[0])]
+        junk = np.full(q_pid.shape[0], int(g_junk.sum()), dtype=np.int64)
         if self.camera_filter:
             keep = q_cam[qrows] != g_cam[grows]
+            junk += np.bincount(qrows[~keep], minlength=q_pid.shape[0])
             qrows, grows = qrows[keep], grows[keep]
-        return qrows.astype(np.int64), grows.astype(np.int64)
+        return qrows.astype(np.int64), grows.astype(np.int64), junk
 
 
 @dataclass(frozen=True)
@@ -60,20 +66,21 @@ class Positives:
     """Positives of a block of queries, in CSR form, each query's sorted by (distance, gallery index).
 
     ``offsets[i]:offsets[i+1]`` indexes query i's entries in ``dist`` (float64) and ``gidx`` (global
-    gallery row, int64).
+    gallery row, int64).  ``junk[i]`` is the number of gallery items that are junk for query i.
     """
 
     offsets: np.ndarray
     dist: np.ndarray
     gidx: np.ndarray
+    junk: np.ndarray
 
     @classmethod
-    def from_pairs(cls, n_queries: int, qrows, gidx, dist) -> "Positives":
+    def from_pairs(cls, n_queries: int, qrows, gidx, dist, junk) -> "Positives":
         order = np.lexsort((gidx, dist, qrows))
         counts = np.bincount(qrows, minlength=n_queries)
         offsets = np.zeros(n_queries + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
-        return cls(offsets=offsets, dist=np.ascontiguousarray(dist[order]), gidx=np.ascontiguousarray(gidx[order]))
+        return cls(offsets, np.ascontiguousarray(dist[order]), np.ascontiguousarray(gidx[order]), junk)
 
     @property
     def counts(self) -> np.ndarray:

@@ -27,6 +27,8 @@ def summary(result: Result, label: str = "") -> str:
             "  " + "  ".join(f"{_pct(result.rank(k)):>7}" for k in (1, 5, 10, 20, result.max_rank)),
             f"  mAP {_pct(result.mAP)}   mAP (trapezoid) {_pct(result.mAP_trapezoid)}   mINP {_pct(result.mINP)}",
         ]
+    if result.gom is not None:
+        lines += _gom_lines(result.gom)
     if run:
         pairs = result.n_queries * result.n_gallery
         lines.append(
@@ -34,6 +36,27 @@ def summary(result: Result, label: str = "") -> str:
             f"blocks {run['query_block']:,} queries x {run['gallery_chunk']:,} gallery rows, {run['workers']} workers"
         )
     return "\n".join(lines)
+
+
+def _num(value, fmt=".4f") -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def _gom_lines(gom: dict) -> list[str]:
+    norm = gom["normalisation"]
+    if gom["dmin"] is not None:
+        norm += f" [{gom['dmin']:.4g}, {gom['dmax']:.4g}]"
+    lines = [f"  GOM ({norm}, {gom['bins']} bins, vp {gom['vp']}, B {gom['B']})"]
+    if gom["mReP"] is None:
+        lines.append("    no query with positives: mReP/mRP/mVP are undefined")
+    else:
+        lines.append(f"    mReP_max {_num(gom['mReP_max'])} at tau {_num(gom['tau_max'], '.2f')}   "
+                     f"MREP {_num(gom['MREP'])}   mVP_max {_num(gom['mVP_max'])}")
+    if gom["mFR"] is None:
+        lines.append("    no open-set query (without positives): mFR/MFR/tau_nz are undefined")
+    else:
+        lines.append(f"    MFR {_num(gom['MFR'])}   tau_nz {_num(gom['tau_nz'], '.2f')}")
+    return lines
 
 
 def store_summary(store: Store) -> str:

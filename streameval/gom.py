@@ -1,0 +1,156 @@
+"""GOM: genuine open-set metrics (METRICS.md section 4), "Re-identification = Retrieval + Verification".
+
+Distances are normalised to d~ in [0, 1] and thresholded on the grid ``tau_i = i * (1/N)``,
+i = 0..N; an item is returned at tau iff d~ <= tau (junk only at tau >= 1).
+
+* mRP, mVP, mReP: means over Q+ of RP_tau, VP_tau, ReP_tau = sqrt(RP_tau * VP_tau)
+* mFR: mean over Q- of FR_tau = min(R_tau, B) / B
+* mReP_max = max mReP, tau_max = first tau reaching it, mVP_max = max mVP
+* MREP, MFR = trapezoid integrals of mReP and mFR over the grid
+* tau_nz = first tau with mFR > 0
+
+The streamed state is integer: per query, a histogram of the thresholds at which its negatives are
+first returned (``RankState.neg_hist``).  Ratios are formed once, in ``gom_block_sums`` and
+``summarize``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import kernels
+from .errors import OptionError
+
+NORM_MODES = ("minmax", "fixed:LO:HI", "none")
+VP_MODES = ("reference", "jaccard")
+
+
+@dataclass(frozen=True)
+class GomOptions:
+    """``norm``: 'minmax' | 'fixed' | 'none' (with ``lo``, ``hi`` for fixed)."""
+
+    norm: str = "minmax"
+    lo: float = 0.0
+    hi: float = 1.0
+    bins: int = 100
+    b: int = 3000
+    vp: str = "reference"
+
+    @classmethod
+    def parse(cls, norm: str = "minmax", bins: int = 100, b: int = 3000, vp: str = "reference") -> "GomOptions":
+        if bins < 1:
+            raise OptionError(f"gom_bins must be at least 1, got {bins}")
+        if b < 1:
+            raise OptionError(f"gom_b must be at least 1, got {b}")
+        if vp not in VP_MODES:
+            raise OptionError(f"gom_vp must be reference or jaccard, got {vp!r}")
+        if norm in ("minmax", "none"):
+            return cls(norm=norm, bins=bins, b=b, vp=vp)
+        parts = str(norm).split(":")
+        try:
+            if parts[0] != "fixed" or len(parts) != 3:
+                raise ValueError
+            lo, hi = float(parts[1]), float(parts[2])
+        except ValueError:
+            raise OptionError(f"gom_norm must be minmax, none or fixed:LO:HI (e.g. fixed:0:2), got {norm!r}") from None
+        if not (np.isfinite(lo) and np.isfinite(hi) and hi > lo):
+            raise OptionError(f"gom_norm fixed:LO:HI needs finite LO < HI, got {norm!r}")
+        return cls(norm="fixed", lo=lo, hi=hi, bins=bins, b=b, vp=vp)
+
+    @property
+    def label(self) -> str:
+        return f"fixed:{self.lo:g}:{self.hi:g}" if self.norm == "fixed" else self.norm
+
+    @property
+    def tau(self) -> np.ndarray:
+        return np.arange(self.bins + 1, dtype=np.float64) * (1.0 / self.bins)
+
+
+@dataclass(frozen=True)
+class Normalisation:
+    """Kernel arguments of d~: mode code, lo and span (= hi - lo)."""
+
+    mode: int
+    lo: float
+    span: float
+
+    @classmethod
+    def identity(cls) -> "Normalisation":
+        return cls(kernels.NORM_NONE, 0.0, 1.0)
+
+    @classmethod
+    def affine(cls, lo: float, hi: float) -> "Normalisation":
+        return cls(kernels.NORM_AFFINE, float(lo), float(hi) - float(lo))
+
+
+@dataclass(frozen=True)
+class DistanceRange:
+    """Global (min, max) distance over all pairs; merge = elementwise min / max."""
+
+    lo: float
+    hi: float
+
+    @staticmethod
+    def merge(a: "DistanceRange", b: "DistanceRange") -> "DistanceRange":
+        return DistanceRange(min(a.lo, b.lo), max(a.hi, b.hi))
+
+
+@dataclass(frozen=True)
+class CurveSums:
+    """Sums of per-query curves over one query block (counts of Q+ and Q- alongside)."""
+
+    rp: np.ndarray
+    vp: np.ndarray
+    rep: np.ndarray
+    fr: np.ndarray
+    n_valid: int
+    n_open: int
+
+    @staticmethod
+    def merge(a: "CurveSums", b: "CurveSums") -> "CurveSums":
+        return CurveSums(a.rp + b.rp, a.vp + b.vp, a.rep + b.rep, a.fr + b.fr, a.n_valid + b.n_valid, a.n_open + b.n_open)
+
+
+def block_curve_sums(positives, state, options: GomOptions, norm: Normalisation) -> CurveSums:
+    tau = options.tau
+    sums = [np.zeros(tau.shape[0]) for _ in range(4)]
+    kernels.gom_block_sums(
+        positives.offsets, positives.dist, state.neg_slots, state.neg_hist, positives.junk, tau,
+        norm.mode, norm.lo, norm.span, options.vp == "jaccard", options.b, *sums,
+    )
+    n_valid = int((positives.counts > 0).sum())
+    return CurveSums(*sums, n_valid=n_valid, n_open=positives.counts.shape[0] - n_valid)
+
+
+def _first_tau(tau: np.ndarray, mask: np.ndarray):
+    hits = np.flatnonzero(mask)
+    return float(tau[hits[0]]) if hits.size else None
+
+
+def _trapezoid(curve: np.ndarray, tau: np.ndarray) -> float:
+    return float(np.sum(np.diff(tau) * (curve[1:] + curve[:-1]) / 2))
+
+
+def summarize(sums: CurveSums, options: GomOptions, dist_range: DistanceRange | None) -> dict:
+    """Mean curves and their summaries; Q+ values None when Q+ is empty, Q- values when Q- is."""
+    tau = options.tau
+    out = {
+        "tau": tau.tolist(), "B": options.b, "normalisation": options.label, "bins": options.bins,
+        "vp": options.vp, "dmin": None, "dmax": None,
+        "mRP": None, "mVP": None, "mReP": None, "mReP_max": None, "tau_max": None, "mVP_max": None, "MREP": None,
+        "mFR": None, "MFR": None, "tau_nz": None,
+    }
+    if dist_range is not None:
+        out["dmin"], out["dmax"] = dist_range.lo, dist_range.hi
+    if sums.n_valid:
+        m_rp, m_vp, m_rep = (curve / sums.n_valid for curve in (sums.rp, sums.vp, sums.rep))
+        out.update(
+            mRP=m_rp.tolist(), mVP=m_vp.tolist(), mReP=m_rep.tolist(), mReP_max=float(m_rep.max()),
+            tau_max=_first_tau(tau, m_rep == m_rep.max()), mVP_max=float(m_vp.max()), MREP=_trapezoid(m_rep, tau),
+        )
+    if sums.n_open:
+        m_fr = sums.fr / sums.n_open
+        out.update(mFR=m_fr.tolist(), MFR=_trapezoid(m_fr, tau), tau_nz=_first_tau(tau, m_fr > 0))
+    return out
