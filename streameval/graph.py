@@ -107,14 +107,14 @@ def score_chunk(gallery: FeatureSet, start: int, stop: int, queries: Rows, posit
                 scoring: Scoring, norm: Normalisation) -> RankState:
     """Slot counts (and GOM threshold histograms) of the negatives in gallery rows [start, stop)."""
     gom = scoring.gom
-    tau = gom.tau if gom else np.zeros(1)
-    state = RankState.empty(positives.dist.shape[0], len(queries.pids), tau.shape[0] + 1 if gom else 0)
+    n_bins = gom.bins if gom else 1
+    state = RankState.empty(positives.dist.shape[0], len(queries.pids), n_bins + 2 if gom else 0)
     chunk, dots = _dots(gallery, start, stop, queries, scoring)
     kernels.score_block(
         dots, queries.terms, chunk.terms, scoring.metric, queries.pids, chunk.pids,
         scoring.protocol.junk_mask(chunk.pids), start,
         positives.offsets, positives.dist, positives.gidx, state.neg_slots,
-        gom is not None, norm.mode, norm.lo, norm.span, tau, state.neg_hist,
+        gom is not None, norm.mode, norm.lo, norm.span, n_bins, state.neg_hist,
     )
     return state
 

@@ -96,25 +96,24 @@ def normalise(d, norm_mode, lo, span):
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def threshold_bin(dn, tau):
-    """Smallest i with ``dn <= tau[i]``; ``len(tau)`` when no threshold returns the item.
+def threshold_bin(dn, n_bins):
+    """Smallest i with ``dn <= tau_i = i * (1/N)``; N + 1 when no threshold returns the item.
 
-    ``tau[i] = i * (1/N)``; the estimate ceil(dn * N) is at most one off and is corrected against the
-    grid values themselves, so a distance equal to a grid value lands exactly at that threshold.
+    The estimate ceil(dn * N) is at most one off; it is corrected against the grid values computed
+    exactly as the grid is defined, so a distance equal to a grid value lands at that threshold.
+    Branch-free, so row loops over it vectorise.
     """
-    n = tau.shape[0] - 1
-    k = int(math.ceil(min(max(dn, 0.0), 2.0) * n))
-    k = min(k, n + 1)
-    if k > 0 and dn <= tau[k - 1]:
-        k -= 1
-    elif k <= n and dn > tau[k]:
-        k += 1
+    step = 1.0 / n_bins
+    k = np.int64(math.ceil(min(max(dn, 0.0), 2.0) * n_bins))
+    k = min(k, n_bins + 1)
+    k -= np.int64((k > 0) & (dn <= (k - 1) * step))
+    k += np.int64((k <= n_bins) & (dn > k * step))
     return k
 
 
 @_jit
 def score_block(dots, qa, ga, metric, q_pid, g_pid, g_junk, g_start, pos_off, pos_d, pos_g, neg_slots,
-                with_gom, norm_mode, lo, span, tau, neg_hist):
+                with_gom, norm_mode, lo, span, n_bins, neg_hist):
     """Add this chunk's negatives to the ranking slots and, with GOM, to the threshold histograms.
 
     dots: (qb, gc) dot products of the query block with the gallery chunk starting at global row
@@ -123,25 +122,38 @@ def score_block(dots, qa, ga, metric, q_pid, g_pid, g_junk, g_start, pos_off, po
 
     * ``neg_slots`` (see the module docstring): only negatives ordered before the query's last
       positive are counted, later ones change no rank.
-    * ``neg_hist[i, k]`` (with_gom): negatives first returned at threshold ``tau[k]``
-      (k = len(tau): never returned).
+    * ``neg_hist[i, k]`` (with_gom): negatives first returned at threshold tau_k
+      (k = n_bins + 1: never returned).
+
+    Each row is done in simple loops (distances, bins, histogram, slots) so the first two vectorise.
     """
     nq, ng = dots.shape
+    dist = np.empty(ng, dtype=np.float64)
+    bins = np.empty(ng, dtype=np.int64)
+    negative = np.empty(ng, dtype=np.int64)
     for i in range(nq):
-        lo_pos = pos_off[i]
-        hi_pos = pos_off[i + 1]
-        d_last = pos_d[hi_pos - 1] if hi_pos > lo_pos else -np.inf
-        g_last = pos_g[hi_pos - 1] if hi_pos > lo_pos else -1
         qp = q_pid[i]
         qai = qa[i]
         for j in range(ng):
-            d = pair_distance(dots[i, j], qai, ga[j], metric)
-            negative = (g_pid[j] != qp) & (g_junk[j] == 0)
-            if with_gom:
-                neg_hist[i, threshold_bin(normalise(d, norm_mode, lo, span), tau)] += negative
+            dist[j] = pair_distance(dots[i, j], qai, ga[j], metric)
+            negative[j] = np.int64((g_pid[j] != qp) & (g_junk[j] == 0))
+        if with_gom:
+            for j in range(ng):
+                bins[j] = threshold_bin(normalise(dist[j], norm_mode, lo, span), n_bins)
+            for j in range(ng):
+                neg_hist[i, bins[j]] += negative[j]
+        lo_pos = pos_off[i]
+        hi_pos = pos_off[i + 1]
+        if hi_pos == lo_pos:
+            continue
+        d_last = pos_d[hi_pos - 1]
+        g_last = pos_g[hi_pos - 1]
+        for j in range(ng):
+            d = dist[j]
             g = g_start + j
-            if negative & ((d < d_last) | ((d == d_last) & (g < g_last))):
-                neg_slots[lo_pos + _positives_before(pos_d, pos_g, lo_pos, hi_pos, d, g)] += 1
+            if (d < d_last) | ((d == d_last) & (g < g_last)):
+                if negative[j]:
+                    neg_slots[lo_pos + _positives_before(pos_d, pos_g, lo_pos, hi_pos, d, g)] += 1
 
 
 @_jit
@@ -211,7 +223,7 @@ def gom_block_sums(pos_off, pos_d, neg_slots, neg_hist, junk, tau, norm_mode, lo
         n = pos_off[q + 1] - first
         returned[:] = neg_hist[q, : n_tau + 1]
         for p in range(first, first + n):
-            returned[threshold_bin(normalise(pos_d[p], norm_mode, lo, span), tau)] += 1
+            returned[threshold_bin(normalise(pos_d[p], norm_mode, lo, span), n_tau - 1)] += 1
         for t in range(1, n_tau):
             returned[t] += returned[t - 1]
         for t in range(n_tau):
@@ -226,7 +238,7 @@ def gom_block_sums(pos_off, pos_d, neg_slots, neg_hist, junk, tau, norm_mode, lo
         negatives_before = 0
         precision_sum = 0.0
         for t in range(n_tau):
-            while tp < n and threshold_bin(normalise(pos_d[first + tp], norm_mode, lo, span), tau) <= t:
+            while tp < n and threshold_bin(normalise(pos_d[first + tp], norm_mode, lo, span), n_tau - 1) <= t:
                 negatives_before += neg_slots[first + tp]
                 tp += 1
                 precision_sum += tp / (tp + negatives_before)
