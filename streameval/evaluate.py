@@ -102,11 +102,11 @@ def _as_store(data) -> Store:
     if isinstance(data, Store):
         return data
     if isinstance(data, Mapping):
-        return write_store(_memory_target(), *(_pick(data, name) for name in ARRAY_NAMES))
+        return write_store(_memory_target(), *(pick_array(data, name) for name in ARRAY_NAMES))
     return open_store(data)
 
 
-def _pick(arrays: Mapping, name: str):
+def pick_array(arrays: Mapping, name: str):
     for key in ARRAY_NAMES[name]:
         if key in arrays:
             return arrays[key]

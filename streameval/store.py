@@ -181,6 +181,16 @@ def _check_finite(features: np.ndarray, where: str, row0: int) -> None:
         raise StoreError(f"{where} features hold non-finite values (NaN or inf), first at row {bad}")
 
 
+def _feature_dtype(dtype) -> np.dtype:
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        dtype = None
+    if dtype not in FEATURE_DTYPES:
+        raise StoreError(f"feature dtype must be float16 or float32, got {dtype}")
+    return dtype
+
+
 def create_store(
     target,
     n_query: int,
@@ -196,9 +206,7 @@ def create_store(
     ``target`` is a path or a zarr store object.  Refuses to touch an existing path unless
     ``overwrite`` is set.
     """
-    dtype = np.dtype(dtype)
-    if dtype not in FEATURE_DTYPES:
-        raise StoreError(f"feature dtype must be float16 or float32, got {dtype}")
+    dtype = _feature_dtype(dtype)
     if default_metric not in METRICS:
         raise StoreError(f"default metric must be one of {', '.join(METRICS)}, got {default_metric!r}")
     if min(n_query, n_gallery) <= 0 or dim <= 0:
@@ -219,7 +227,8 @@ def write_rows(fs: FeatureSet, start: int, features, pids, camids) -> None:
     """Write a validated batch of rows at ``start`` (features cast to the store dtype)."""
     features, pids, camids = check_batch(features, pids, camids, f"{fs.name} rows {start}+", fs.dim)
     stop = start + features.shape[0]
-    stored = features.astype(fs.features.dtype, copy=False)
+    with np.errstate(over="ignore"):  # overflow to inf is reported just below
+        stored = features.astype(fs.features.dtype, copy=False)
     _check_finite(stored, f"{fs.name} (after casting to {fs.features.dtype})", start)
     fs.features[start:stop] = stored
     fs.pids[start:stop] = pids
@@ -248,6 +257,10 @@ def write_store(
         )
     if dtype is None:
         dtype = "float16" if q[0].dtype == np.float16 else "float32"
+    dtype = _feature_dtype(dtype)
+    for name, rows in (("query", q), ("gallery", g)):  # refuse values the store dtype cannot hold, before writing
+        with np.errstate(over="ignore"):
+            _check_finite(rows[0].astype(dtype, copy=False), f"{name} (after casting to {dtype})", 0)
     store = create_store(
         target, len(q[1]), len(g[1]), q[0].shape[1], dtype, chunk_rows, default_metric, overwrite
     )
