@@ -63,6 +63,26 @@ def _bytes(ctx, param, value):
         raise click.BadParameter(str(exc)) from None
 
 
+def _key_values(ctx, param, values):
+    """KEY=VALUE pairs to a dict; true/false/numbers become Python values (fsspec expects them typed)."""
+    options = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}")
+        options[key] = {"true": True, "false": False}.get(raw.lower(), _number_or_text(raw))
+    return options
+
+
+def _number_or_text(raw: str):
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
 def _refuse_overwrite(path: str, overwrite: bool) -> None:
     """Never replace a user's file silently: ask on a terminal, refuse otherwise."""
     if path == "-" or overwrite or not os.path.exists(path):
@@ -99,22 +119,37 @@ def _refuse_overwrite(path: str, overwrite: bool) -> None:
               help="Gallery rows per task. Default: from --memory-budget, aligned to store chunks.")
 @click.option("--memory-budget", default="1GiB", show_default=True, callback=_bytes,
               help="Working memory the chunk sizes are planned for.")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="Threads. Default: all cores.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Tasks run at once (threads of the default scheduler). Default: all cores / all cluster threads.")
+@click.option("--scheduler", default=None, metavar="ADDRESS",
+              help="Run on an existing Dask cluster: its scheduler address, e.g. tcp://10.0.0.5:8786.")
+@click.option("--scheduler-file", type=click.Path(), default=None,
+              help="Run on the Dask cluster whose scheduler wrote this file (dask scheduler --scheduler-file).")
+@click.option("--cluster", type=click.Choice(["local"]), default=None,
+              help="Start a LocalCluster of worker processes for this run.")
+@click.option("--n-workers", type=click.IntRange(min=1), default=None, help="LocalCluster worker processes.")
+@click.option("--threads-per-worker", type=click.IntRange(min=1), default=None, help="LocalCluster threads per worker.")
+@click.option("--memory-limit", default=None, help="LocalCluster memory limit per worker (e.g. 4GiB).")
+@click.option("-S", "--storage-option", "storage_options", multiple=True, callback=_key_values, metavar="KEY=VALUE",
+              help="fsspec storage option for a URL store (s3://...), repeatable, e.g. -S anon=true.")
 @click.option("--json", "json_path", type=click.Path(), default=None,
               help="Write the full result as JSON to this file ('-' for stdout).")
 @click.option("--per-query", is_flag=True, help="Include per-query AP, INP, first-hit rank, #positives in the JSON.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --json file.")
-@click.option("--quiet", "-q", is_flag=True, help="Print no summary table.")
+@click.option("--quiet", "-q", is_flag=True, help="Print no progress and no summary table.")
 def eval_cmd(store, metric, protocol, junk_pids, max_rank, precision, no_gom, gom_norm, gom_bins, gom_b, gom_vp,
-             query_block, gallery_chunk, memory_budget, workers, json_path, per_query, overwrite, quiet):
+             query_block, gallery_chunk, memory_budget, workers, scheduler, scheduler_file, cluster, n_workers,
+             threads_per_worker, memory_limit, storage_options, json_path, per_query, overwrite, quiet):
     """Evaluate STORE's queries against its gallery, streaming the gallery in chunks."""
     if json_path:
         _refuse_overwrite(json_path, overwrite)
     result = evaluate(
-        open_store(store), metric=metric, protocol=protocol, junk_pids=junk_pids, max_rank=max_rank,
+        store, metric=metric, protocol=protocol, junk_pids=junk_pids, max_rank=max_rank,
         precision=precision, no_gom=no_gom, gom_norm=gom_norm, gom_bins=gom_bins, gom_b=gom_b, gom_vp=gom_vp,
         query_block=query_block, gallery_chunk=gallery_chunk,
-        memory_budget=memory_budget, workers=workers,
+        memory_budget=memory_budget, workers=workers, scheduler=scheduler, scheduler_file=scheduler_file,
+        cluster=cluster, n_workers=n_workers, threads_per_worker=threads_per_worker, memory_limit=memory_limit,
+        storage_options=storage_options, progress=not quiet,
     )
     if not quiet:
         # with JSON on stdout, the table goes to stderr so the JSON stays parseable

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
+from contextlib import nullcontext
 from functools import reduce
 
 import dask
@@ -12,10 +13,12 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from . import graph, kernels, metrics
+from .cluster import ClusterOptions, connect
 from .errors import OptionError
 from .gom import CurveSums, GomOptions
 from .gom import summarize as summarize_gom
 from .plan import DEFAULT_MEMORY_BUDGET, make_plan, parse_bytes
+from .progress import Reporter, ThreadedProgress, wait_distributed
 from .protocol import Protocol
 from .store import Store, open_store, write_store
 
@@ -47,20 +50,32 @@ def evaluate(
     gallery_chunk: int | None = None,
     memory_budget=DEFAULT_MEMORY_BUDGET,
     workers: int | None = None,
+    scheduler: str | None = None,
+    scheduler_file: str | None = None,
+    cluster: str | None = None,
+    n_workers: int | None = None,
+    threads_per_worker: int | None = None,
+    memory_limit: str | None = None,
+    storage_options: dict | None = None,
+    progress: bool = False,
 ) -> metrics.Result:
     """Evaluate query against gallery features; return a :class:`~streameval.metrics.Result`.
 
-    ``data`` is a store path, an opened :class:`~streameval.store.Store`, or a mapping of in-memory
-    arrays (``query_features, query_pids, query_camids, gallery_features, gallery_pids,
-    gallery_camids``, or the short names ``qf, q_pids, q_camids, gf, g_pids, g_camids``).
+    ``data`` is a store path or fsspec URL (with ``storage_options``), an opened
+    :class:`~streameval.store.Store`, or a mapping of in-memory arrays (``query_features,
+    query_pids, query_camids, gallery_features, gallery_pids, gallery_camids``, or the short names
+    ``qf, q_pids, q_camids, gf, g_pids, g_camids``).
 
     GOM open-set metrics (``gom_*`` options, METRICS.md section 4) are computed unless ``no_gom``.
 
-    Runs on Dask's threaded scheduler with ``workers`` threads (default: all cores), BLAS pinned to
-    one thread per task; when a ``dask.distributed`` Client is active it runs there instead.
+    Where it runs: ``scheduler`` (tcp://host:port), ``scheduler_file`` or ``cluster="local"`` (with
+    ``n_workers``, ``threads_per_worker``, ``memory_limit`` as for LocalCluster) run it on a Dask
+    cluster; otherwise an active ``dask.distributed`` Client is used, or else Dask's threaded
+    scheduler with ``workers`` threads (default: all cores).  BLAS runs one thread per task.
+    ``progress`` draws task progress on stderr.
     """
     started = time.perf_counter()
-    store = _as_store(data)
+    store = _as_store(data, storage_options)
     metric = metric or store.default_metric
     if metric not in kernels.METRIC_CODES:
         raise OptionError(f"metric must be one of {', '.join(kernels.METRIC_CODES)}, got {metric!r}")
@@ -72,19 +87,19 @@ def evaluate(
     scoring = graph.Scoring(
         np.dtype(precision), kernels.METRIC_CODES[metric], Protocol.from_options(protocol, junk_pids), gom_options
     )
-    client = _distributed_client()
-    workers = workers or (sum(client.nthreads().values()) if client else os.cpu_count() or 1)
-    plan = make_plan(
-        len(store.query), len(store.gallery), store.dim, scoring.dtype.itemsize,
-        store.gallery.features.dtype.itemsize, store.gallery.chunk_rows, workers,
-        parse_bytes(memory_budget), query_block, gallery_chunk,
-    )
-    graph_blocks, graph_range = graph.build(store.query, store.gallery, plan, scoring)
-    if client is None:
-        with threadpool_limits(limits=1, user_api="blas"):
-            blocks, dist_range = dask.compute(graph_blocks, graph_range, scheduler="threads", num_workers=plan.workers)
-    else:
-        blocks, dist_range = dask.compute(graph_blocks, graph_range)
+    options = ClusterOptions(scheduler, scheduler_file, cluster, n_workers, threads_per_worker, memory_limit)
+    with connect(options, data if isinstance(data, (str, os.PathLike)) else None, storage_options) as client:
+        client = client or _active_client()
+        workers = workers or (sum(client.nthreads().values()) if client else os.cpu_count() or 1)
+        plan = make_plan(
+            len(store.query), len(store.gallery), store.dim, scoring.dtype.itemsize,
+            store.gallery.features.dtype.itemsize, store.gallery.chunk_rows, workers,
+            parse_bytes(memory_budget), query_block, gallery_chunk,
+        )
+        where = client.scheduler.address if client else "threads"
+        reporter = Reporter() if progress else None
+        blocks, dist_range = _compute(client, graph.build(store.query, store.gallery, plan, scoring), plan, reporter)
+    elapsed = time.perf_counter() - started
     per_query = metrics.concat_blocks(blocks)
     n_valid = int((per_query["n_positives"] > 0).sum())
     return metrics.Result(
@@ -93,17 +108,32 @@ def evaluate(
         per_query=per_query, **metrics.closed_set(per_query, max_rank),
         gom=None if no_gom else summarize_gom(reduce(CurveSums.merge, [b["gom"] for b in blocks]), gom_options, dist_range),
         options={"junk_pids": [int(p) for p in scoring.protocol.junk_pids], "precision": precision},
-        run={"query_block": plan.query_block, "gallery_chunk": plan.gallery_chunk, "workers": plan.workers,
-             "elapsed_s": time.perf_counter() - started},
+        run={
+            "query_block": plan.query_block, "gallery_chunk": plan.gallery_chunk, "workers": plan.workers,
+            "scheduler": where,
+            "elapsed_s": elapsed, "pairs_per_s": len(store.query) * len(store.gallery) / elapsed,
+            "bytes_read": graph.bytes_read(store.query, store.gallery, plan, scoring, blocks),
+        },
     )
 
 
-def _as_store(data) -> Store:
+def _compute(client, built, plan, reporter):
+    """Run the graph on the threaded scheduler (BLAS pinned to one thread meanwhile) or the client."""
+    if client is None:
+        watch = ThreadedProgress(reporter) if reporter else nullcontext()
+        with threadpool_limits(limits=1, user_api="blas"), watch:
+            return dask.compute(built, scheduler="threads", num_workers=plan.workers)[0]
+    future = client.compute(built)
+    wait_distributed(client, [future], reporter)
+    return future.result()
+
+
+def _as_store(data, storage_options=None) -> Store:
     if isinstance(data, Store):
         return data
     if isinstance(data, Mapping):
         return write_store(_memory_target(), *(pick_array(data, name) for name in ARRAY_NAMES))
-    return open_store(data)
+    return open_store(data, storage_options=storage_options)
 
 
 def pick_array(arrays: Mapping, name: str):
@@ -119,7 +149,7 @@ def _memory_target():
     return zarr.storage.MemoryStore()
 
 
-def _distributed_client():
+def _active_client():
     """The active dask.distributed Client, or None (distributed is an optional extra)."""
     try:
         from distributed import default_client

@@ -119,8 +119,10 @@ def score_chunk(gallery: FeatureSet, start: int, stop: int, queries: Rows, posit
     return state
 
 
-def summarize_block(positives: Positives, state: RankState, scoring: Scoring, norm: Normalisation) -> dict:
-    """Per-query arrays (first-hit rank, AP, AP_trapezoid, INP, #positives) and GOM curve sums."""
+def summarize_block(positives: Positives, state: RankState, scoring: Scoring, norm: Normalisation,
+                    gallery_chunk: int) -> dict:
+    """Per-query arrays (first-hit rank, AP, AP_trapezoid, INP, #positives), GOM curve sums, and
+    the gallery chunks holding positives (their features were read by the positives pass)."""
     n = positives.offsets.shape[0] - 1
     out = {
         "first_hit_rank": np.empty(n, dtype=np.int64),
@@ -129,6 +131,7 @@ def summarize_block(positives: Positives, state: RankState, scoring: Scoring, no
     kernels.rank_summaries(positives.offsets, state.neg_slots, out["first_hit_rank"], out["ap"], out["ap_trapezoid"], out["inp"])
     out["n_positives"] = positives.counts
     out["gom"] = block_curve_sums(positives, state, scoring.gom, norm) if scoring.gom else None
+    out["positive_chunks"] = np.unique(positives.gidx // gallery_chunk)
     return out
 
 
@@ -152,7 +155,7 @@ def _normalisation(options: GomOptions | None, dist_range) -> Normalisation:
 
 
 def build(query: FeatureSet, gallery: FeatureSet, plan: Plan, scoring: Scoring):
-    """(one delayed summary dict per query block in query order, delayed global DistanceRange or None).
+    """One delayed (summary dict per query block in query order, global DistanceRange or None).
 
     With ``minmax`` GOM normalisation the range is a first pass over all pairs; every scoring task
     waits for it.
@@ -172,5 +175,22 @@ def build(query: FeatureSet, gallery: FeatureSet, plan: Plan, scoring: Scoring):
     summaries = []
     for queries, positives in blocks:
         states = [delayed(score_chunk)(gallery, a, b, queries, positives, scoring, norm) for a, b in chunks]
-        summaries.append(delayed(summarize_block)(positives, tree_reduce(states, RankState.merge), scoring, norm))
-    return summaries, dist_range
+        state = tree_reduce(states, RankState.merge)
+        summaries.append(delayed(summarize_block)(positives, state, scoring, norm, plan.gallery_chunk))
+    return delayed(tuple)([summaries, dist_range])
+
+
+def bytes_read(query: FeatureSet, gallery: FeatureSet, plan: Plan, scoring: Scoring, blocks: list) -> int:
+    """Bytes the graph read from the store: the queries once; per query block the gallery ids (the
+    positives pass), the features of chunks holding positives, and the whole gallery once per
+    scoring pass (two with minmax GOM normalisation)."""
+    feature_bytes = gallery.dim * gallery.features.dtype.itemsize
+    id_bytes = gallery.pids.dtype.itemsize + gallery.camids.dtype.itemsize
+    passes = 2 if scoring.gom is not None and scoring.gom.norm == "minmax" else 1
+    total = len(query) * (query.dim * query.features.dtype.itemsize + id_bytes)
+    for block in blocks:
+        starts = block["positive_chunks"] * plan.gallery_chunk
+        positive_rows = int(np.minimum(plan.gallery_chunk, len(gallery) - starts).sum())
+        total += len(gallery) * id_bytes + positive_rows * (feature_bytes + id_bytes)
+        total += passes * len(gallery) * (feature_bytes + id_bytes)
+    return total

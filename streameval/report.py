@@ -30,10 +30,9 @@ def summary(result: Result, label: str = "") -> str:
     if result.gom is not None:
         lines += _gom_lines(result.gom)
     if run:
-        pairs = result.n_queries * result.n_gallery
         lines.append(
-            f"  {run['elapsed_s']:.2f} s, {pairs / max(run['elapsed_s'], 1e-9):,.0f} pairs/s   "
-            f"blocks {run['query_block']:,} queries x {run['gallery_chunk']:,} gallery rows, {run['workers']} workers"
+            f"  {run['elapsed_s']:.2f} s   {run['pairs_per_s'] / 1e6:,.1f} M pairs/s   read {run['bytes_read'] / 2**20:,.1f} MiB   "
+            f"blocks {run['query_block']:,} x {run['gallery_chunk']:,}   {run['workers']} workers on {run['scheduler']}"
         )
     return "\n".join(lines)
 

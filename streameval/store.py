@@ -74,19 +74,21 @@ class Store:
 
 
 def _is_path(target) -> bool:
-    return isinstance(target, (str, os.PathLike))
+    """A local path (URLs such as s3://bucket/x.zarr are opened through fsspec instead)."""
+    return isinstance(target, (str, os.PathLike)) and "://" not in os.fspath(target)
 
 
-def open_store(target, mode: str = "r") -> Store:
-    """Open a store (a path, or a zarr store object) and check its structure.
+def open_store(target, mode: str = "r", storage_options: dict | None = None) -> Store:
+    """Open a store (a path, an fsspec URL with ``storage_options``, or a zarr store object) and
+    check its structure.
 
     Raises StoreError naming the first problem found.
     """
-    path = os.fspath(target) if _is_path(target) else repr(target)
+    path = os.fspath(target) if isinstance(target, (str, os.PathLike)) else repr(target)
     if _is_path(target) and not os.path.exists(path):
         raise StoreError(f"no feature store at '{path}' (create one with 'streameval synth' or 'streameval convert')")
     try:
-        group = zarr.open_group(target, mode=mode)
+        group = zarr.open_group(target, mode=mode, storage_options=storage_options or None)
     except Exception as exc:  # zarr raises several types for "not a group"
         raise StoreError(f"'{path}' is not a zarr v3 group: {exc}") from None
     schema = group.attrs.get("streameval_schema")

@@ -1,0 +1,147 @@
+"""Where the graph runs: Dask's threaded scheduler (default), an existing cluster, or a LocalCluster.
+
+Exactly one level of parallelism: Dask runs tasks; inside a task the kernels are serial and BLAS
+and numba use one thread.  Worker processes we start get the thread-pinning environment; workers of
+an existing cluster are pinned at connection time (``threadpoolctl``, process-wide).
+
+Before any work starts, ``connect`` checks that the scheduler answers, that it and every worker
+import streameval, and that every worker can open the store; each failure is one clear
+:class:`ClusterError`.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from .errors import StreamevalError
+
+PIN_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+CONNECT_TIMEOUT_S = 15
+
+
+class ClusterError(StreamevalError):
+    """The Dask cluster cannot run the evaluation."""
+
+    exit_code = 4
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """``scheduler`` (tcp://host:port) | ``scheduler_file`` | ``cluster='local'`` (+ LocalCluster
+    arguments); all None: Dask's threaded scheduler in this process."""
+
+    scheduler: str | None = None
+    scheduler_file: str | None = None
+    cluster: str | None = None
+    n_workers: int | None = None
+    threads_per_worker: int | None = None
+    memory_limit: str | None = None
+
+    @property
+    def distributed(self) -> bool:
+        return any((self.scheduler, self.scheduler_file, self.cluster))
+
+
+def _import_distributed():
+    try:
+        import distributed
+    except ImportError:
+        raise ClusterError("running on a Dask cluster needs dask.distributed: pip install 'streameval[distributed]'") from None
+    return distributed
+
+
+@contextmanager
+def connect(options: ClusterOptions, store_target=None, storage_options=None):
+    """Yield a checked ``distributed.Client`` for the options, or None for the threaded scheduler."""
+    if not options.distributed:
+        yield None
+        return
+    given = [name for name in ("scheduler", "scheduler_file", "cluster") if getattr(options, name)]
+    if len(given) > 1:
+        raise ClusterError(f"choose one of --scheduler, --scheduler-file, --cluster (got {', '.join(given)})")
+    distributed = _import_distributed()
+    cluster = None
+    try:
+        if options.cluster is not None:
+            if options.cluster != "local":
+                raise ClusterError(f"--cluster supports 'local', got {options.cluster!r}")
+            cluster = distributed.LocalCluster(
+                n_workers=options.n_workers, threads_per_worker=options.threads_per_worker,
+                memory_limit=options.memory_limit or "auto", processes=True, env=PIN_ENV, dashboard_address=None,
+            )
+            client = distributed.Client(cluster)
+        else:
+            client = _client_for(distributed, options)
+    except ClusterError:
+        raise
+    except Exception as exc:  # failures to start or reach a cluster come in many types
+        raise ClusterError(f"cannot start or reach the Dask cluster: {exc}") from None
+    try:
+        preflight(client, store_target, storage_options)
+        yield client
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def _client_for(distributed, options: ClusterOptions):
+    if options.scheduler_file is not None:
+        if not os.path.exists(options.scheduler_file):
+            raise ClusterError(f"scheduler file '{options.scheduler_file}' does not exist (start 'dask scheduler --scheduler-file' first)")
+        where = f"the scheduler of '{options.scheduler_file}'"
+        kwargs = {"scheduler_file": options.scheduler_file}
+    else:
+        where = options.scheduler
+        kwargs = {"address": options.scheduler}
+    try:
+        return distributed.Client(timeout=CONNECT_TIMEOUT_S, **kwargs)
+    except Exception as exc:
+        raise ClusterError(f"cannot reach the Dask scheduler at {where} within {CONNECT_TIMEOUT_S} s: {exc}") from None
+
+
+def _streameval_version():
+    import streameval
+
+    return streameval.__version__
+
+
+def _open_on_worker(store_target, storage_options):
+    from streameval.store import open_store
+
+    try:
+        open_store(store_target, storage_options=storage_options)
+    except Exception as exc:
+        return str(exc)
+    return None
+
+
+def _pin_threads():
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1)
+    return True
+
+
+def preflight(client, store_target=None, storage_options=None) -> None:
+    """Fail before any work: no workers, streameval missing on scheduler or workers, unreadable store."""
+    try:
+        client.wait_for_workers(1, timeout=CONNECT_TIMEOUT_S)
+    except Exception:
+        raise ClusterError(f"the Dask scheduler at {client.scheduler.address} has no workers") from None
+    try:
+        client.run_on_scheduler(_streameval_version)
+    except Exception as exc:
+        raise ClusterError(f"the Dask scheduler cannot import streameval ({exc}); install it where the scheduler runs") from None
+    try:
+        client.run(_streameval_version)
+    except Exception as exc:
+        raise ClusterError(f"a Dask worker cannot import streameval ({exc}); install it on every worker") from None
+    if store_target is not None and isinstance(store_target, (str, os.PathLike)):
+        failures = {w: err for w, err in client.run(_open_on_worker, os.fspath(store_target), storage_options).items() if err}
+        if failures:
+            worker, err = next(iter(failures.items()))
+            raise ClusterError(f"{len(failures)} worker(s) cannot read the store, e.g. {worker}: {err}")
+    client.run(_pin_threads)
