@@ -130,6 +130,8 @@ def _refuse_overwrite(path: str, overwrite: bool) -> None:
 @click.option("--n-workers", type=click.IntRange(min=1), default=None, help="LocalCluster worker processes.")
 @click.option("--threads-per-worker", type=click.IntRange(min=1), default=None, help="LocalCluster threads per worker.")
 @click.option("--memory-limit", default=None, help="LocalCluster memory limit per worker (e.g. 4GiB).")
+@click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=15.0, show_default=True,
+              help="Seconds to wait for a cluster's scheduler and first worker.")
 @click.option("-S", "--storage-option", "storage_options", multiple=True, callback=_key_values, metavar="KEY=VALUE",
               help="fsspec storage option for a URL store (s3://...), repeatable, e.g. -S anon=true.")
 @click.option("--json", "json_path", type=click.Path(), default=None,
@@ -139,7 +141,7 @@ def _refuse_overwrite(path: str, overwrite: bool) -> None:
 @click.option("--quiet", "-q", is_flag=True, help="Print no progress and no summary table.")
 def eval_cmd(store, metric, protocol, junk_pids, max_rank, precision, no_gom, gom_norm, gom_bins, gom_b, gom_vp,
              query_block, gallery_chunk, memory_budget, workers, scheduler, scheduler_file, cluster, n_workers,
-             threads_per_worker, memory_limit, storage_options, json_path, per_query, overwrite, quiet):
+             threads_per_worker, memory_limit, connect_timeout, storage_options, json_path, per_query, overwrite, quiet):
     """Evaluate STORE's queries against its gallery, streaming the gallery in chunks."""
     if json_path:
         _refuse_overwrite(json_path, overwrite)
@@ -149,7 +151,7 @@ def eval_cmd(store, metric, protocol, junk_pids, max_rank, precision, no_gom, go
         query_block=query_block, gallery_chunk=gallery_chunk,
         memory_budget=memory_budget, workers=workers, scheduler=scheduler, scheduler_file=scheduler_file,
         cluster=cluster, n_workers=n_workers, threads_per_worker=threads_per_worker, memory_limit=memory_limit,
-        storage_options=storage_options, progress=not quiet,
+        connect_timeout=connect_timeout, storage_options=storage_options, progress=not quiet,
     )
     if not quiet:
         # with JSON on stdout, the table goes to stderr so the JSON stays parseable

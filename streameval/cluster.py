@@ -38,6 +38,7 @@ class ClusterOptions:
     n_workers: int | None = None
     threads_per_worker: int | None = None
     memory_limit: str | None = None
+    connect_timeout: float = CONNECT_TIMEOUT_S
 
     @property
     def distributed(self) -> bool:
@@ -53,7 +54,7 @@ def _import_distributed():
 
 
 @contextmanager
-def connect(options: ClusterOptions, store_target=None, storage_options=None):
+def connect(options: ClusterOptions, store=None):
     """Yield a checked ``distributed.Client`` for the options, or None for the threaded scheduler."""
     if not options.distributed:
         yield None
@@ -79,7 +80,7 @@ def connect(options: ClusterOptions, store_target=None, storage_options=None):
     except Exception as exc:  # failures to start or reach a cluster come in many types
         raise ClusterError(f"cannot start or reach the Dask cluster: {exc}") from None
     try:
-        preflight(client, store_target, storage_options)
+        preflight(client, store, options.connect_timeout)
         yield client
     finally:
         client.close()
@@ -97,9 +98,9 @@ def _client_for(distributed, options: ClusterOptions):
         where = options.scheduler
         kwargs = {"address": options.scheduler}
     try:
-        return distributed.Client(timeout=CONNECT_TIMEOUT_S, **kwargs)
+        return distributed.Client(timeout=options.connect_timeout, **kwargs)
     except Exception as exc:
-        raise ClusterError(f"cannot reach the Dask scheduler at {where} within {CONNECT_TIMEOUT_S} s: {exc}") from None
+        raise ClusterError(f"cannot reach the Dask scheduler at {where} within {options.connect_timeout:g} s: {exc}") from None
 
 
 def _streameval_version():
@@ -108,13 +109,16 @@ def _streameval_version():
     return streameval.__version__
 
 
-def _open_on_worker(store_target, storage_options):
-    from streameval.store import open_store
+def _read_on_worker(store):
+    """Read the first row of each set exactly as tasks will (the pickled arrays); None when fine."""
+    from streameval.store import read_ids
 
     try:
-        open_store(store_target, storage_options=storage_options)
+        for feature_set in (store.query, store.gallery):
+            feature_set.features[0:1]
+            read_ids(feature_set, 0, 1)
     except Exception as exc:
-        return str(exc)
+        return f"{type(exc).__name__}: {exc}"
     return None
 
 
@@ -125,10 +129,10 @@ def _pin_threads():
     return True
 
 
-def preflight(client, store_target=None, storage_options=None) -> None:
+def preflight(client, store=None, timeout: float = CONNECT_TIMEOUT_S) -> None:
     """Fail before any work: no workers, streameval missing on scheduler or workers, unreadable store."""
     try:
-        client.wait_for_workers(1, timeout=CONNECT_TIMEOUT_S)
+        client.wait_for_workers(1, timeout=timeout)
     except Exception:
         raise ClusterError(f"the Dask scheduler at {client.scheduler.address} has no workers") from None
     try:
@@ -139,9 +143,9 @@ def preflight(client, store_target=None, storage_options=None) -> None:
         client.run(_streameval_version)
     except Exception as exc:
         raise ClusterError(f"a Dask worker cannot import streameval ({exc}); install it on every worker") from None
-    if store_target is not None and isinstance(store_target, (str, os.PathLike)):
-        failures = {w: err for w, err in client.run(_open_on_worker, os.fspath(store_target), storage_options).items() if err}
+    if store is not None:
+        failures = {w: err for w, err in client.run(_read_on_worker, store).items() if err}
         if failures:
             worker, err = next(iter(failures.items()))
-            raise ClusterError(f"{len(failures)} worker(s) cannot read the store, e.g. {worker}: {err}")
+            raise ClusterError(f"{len(failures)} worker(s) cannot read the store '{store.path}', e.g. {worker}: {err}")
     client.run(_pin_threads)

@@ -13,7 +13,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from . import graph, kernels, metrics
-from .cluster import ClusterOptions, connect
+from .cluster import CONNECT_TIMEOUT_S, ClusterOptions, connect
 from .errors import OptionError
 from .gom import CurveSums, GomOptions
 from .gom import summarize as summarize_gom
@@ -56,6 +56,7 @@ def evaluate(
     n_workers: int | None = None,
     threads_per_worker: int | None = None,
     memory_limit: str | None = None,
+    connect_timeout: float = CONNECT_TIMEOUT_S,
     storage_options: dict | None = None,
     progress: bool = False,
 ) -> metrics.Result:
@@ -70,7 +71,7 @@ def evaluate(
 
     Where it runs: ``scheduler`` (tcp://host:port), ``scheduler_file`` or ``cluster="local"`` (with
     ``n_workers``, ``threads_per_worker``, ``memory_limit`` as for LocalCluster) run it on a Dask
-    cluster; otherwise an active ``dask.distributed`` Client is used, or else Dask's threaded
+    cluster (checked first, giving up after ``connect_timeout`` seconds); otherwise an active ``dask.distributed`` Client is used, or else Dask's threaded
     scheduler with ``workers`` threads (default: all cores).  BLAS runs one thread per task.
     ``progress`` draws task progress on stderr.
     """
@@ -85,10 +86,11 @@ def evaluate(
         raise OptionError(f"max_rank must be at least 1, got {max_rank}")
     gom_options = None if no_gom else GomOptions.parse(gom_norm, gom_bins, gom_b, gom_vp)
     scoring = graph.Scoring(
-        np.dtype(precision), kernels.METRIC_CODES[metric], Protocol.from_options(protocol, junk_pids), gom_options
+        np.dtype(precision), kernels.METRIC_CODES[metric], Protocol.from_options(protocol, junk_pids), gom_options,
+        kernels.dot_error_bound(store.dim, precision), kernels.bin_error_bound(store.dim, precision),
     )
-    options = ClusterOptions(scheduler, scheduler_file, cluster, n_workers, threads_per_worker, memory_limit)
-    with connect(options, data if isinstance(data, (str, os.PathLike)) else None, storage_options) as client:
+    options = ClusterOptions(scheduler, scheduler_file, cluster, n_workers, threads_per_worker, memory_limit, connect_timeout)
+    with connect(options, store) as client:
         client = client or _active_client()
         workers = workers or (sum(client.nthreads().values()) if client else os.cpu_count() or 1)
         plan = make_plan(

@@ -33,12 +33,16 @@ MERGE_FAN_IN = 8
 
 @dataclass(frozen=True)
 class Scoring:
-    """What every task needs to score pairs: working dtype, metric code, protocol, GOM options."""
+    """What every task needs to score pairs: working dtype, metric code, protocol, GOM options and
+    the GEMM error bounds for ranking and threshold decisions (``kernels.dot_error_bound``,
+    ``kernels.bin_error_bound``)."""
 
     dtype: np.dtype
     metric: int
     protocol: Protocol
     gom: GomOptions | None
+    dot_bound: float
+    bin_bound: float
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class Rows:
     start: int
     features: np.ndarray  # working dtype
     terms: np.ndarray  # float64, kernels.row_terms
+    norms: np.ndarray  # float64 |x|, for the GEMM error windows
     pids: np.ndarray
     camids: np.ndarray
 
@@ -58,7 +63,8 @@ def load_rows(fs: FeatureSet, start: int, stop: int, scoring: Scoring) -> Rows:
     if scoring.metric == kernels.COSINE and not terms.all():
         row = start + int(np.flatnonzero(terms == 0)[0])
         raise StoreError(f"{fs.name} row {row} is an all-zero feature vector: its cosine distance is undefined")
-    return Rows(start, features, terms, pids, camids)
+    norms = terms if scoring.metric == kernels.COSINE else np.sqrt(terms)
+    return Rows(start, features, terms, norms, pids, camids)
 
 
 def find_positive_pairs(gallery: FeatureSet, start: int, stop: int, queries: Rows, scoring: Scoring):
@@ -93,7 +99,10 @@ def _dots(gallery: FeatureSet, start: int, stop: int, queries: Rows, scoring: Sc
 def block_range(gallery: FeatureSet, start: int, stop: int, queries: Rows, scoring: Scoring) -> DistanceRange:
     """Min and max distance between the query block and gallery rows [start, stop)."""
     chunk, dots = _dots(gallery, start, stop, queries, scoring)
-    return DistanceRange(*kernels.distance_range(dots, queries.terms, chunk.terms, scoring.metric))
+    return DistanceRange(*kernels.distance_range(
+        dots, queries.features, chunk.features, queries.terms, chunk.terms, queries.norms, chunk.norms,
+        scoring.metric, scoring.dot_bound,
+    ))
 
 
 def positives_range(positives: Positives) -> DistanceRange:
@@ -111,7 +120,8 @@ def score_chunk(gallery: FeatureSet, start: int, stop: int, queries: Rows, posit
     state = RankState.empty(positives.dist.shape[0], len(queries.pids), n_bins + 2 if gom else 0)
     chunk, dots = _dots(gallery, start, stop, queries, scoring)
     kernels.score_block(
-        dots, queries.terms, chunk.terms, scoring.metric, queries.pids, chunk.pids,
+        dots, queries.features, chunk.features, queries.terms, chunk.terms, queries.norms, chunk.norms,
+        scoring.metric, scoring.dot_bound, scoring.bin_bound, queries.pids, chunk.pids,
         scoring.protocol.junk_mask(chunk.pids), start,
         positives.offsets, positives.dist, positives.gidx, state.neg_slots,
         gom is not None, norm.mode, norm.lo, norm.span, n_bins, state.neg_hist,

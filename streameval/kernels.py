@@ -1,9 +1,20 @@
 """Numba kernels: pure, serial, nogil functions over one block of data.
 
-Distances.  Every distance is ``pair_distance(dot, qa, ga, metric)``: the dot product comes from the
-working precision (a float32 or float64 GEMM), the per-row terms ``qa``/``ga`` are float64 (squared
-norms for the euclidean metrics, norms for cosine, see ``row_terms``), and the combination is done in
-float64.  So each pair has one well-defined distance whichever kernel computes it.
+Distances.  A pair's distance is *defined* by ``canonical_distance``: its dot product summed in
+float64 in a fixed order (products of the working-precision features), combined with the rows'
+float64 terms (``row_terms``) by ``pair_distance``.  It does not depend on chunking or on BLAS.
+
+The GEMM is only an accelerator.  Its dot products (float32 or float64, any summation order) differ
+from the canonical ones by at most ``dot_error_bound * |q| |g|`` (Higham's gamma_n bound), which
+``distance_window`` turns into a window around each fast distance.  Ranking decisions (is this
+negative before that positive) and the minmax range are taken on the fast distance when the whole
+window gives the same answer, and on the canonical distance otherwise: exact ties (duplicate images)
+and near-ties are decided exactly, by the tie rule, whatever the chunking.
+
+GOM thresholds are settled the same way with float64 GEMMs.  With float32 GEMMs the rigorous window
+is wide enough (~1e-4 relative at D = 2048) that settling every negative near one of the 101
+thresholds would cost more than the GEMM, so there a negative is binned by its fast distance
+(``bin_error_bound``): only a distance within float32 rounding of a threshold can land one bin off.
 
 Ranking state.  For a query with positives ``p_1 < ... < p_n`` (ordered by ``(distance, gallery
 index)``), a negative's *slot* is the number of positives ordered before it.  ``neg_slots[a + s]``
@@ -21,11 +32,31 @@ import numpy as np
 
 SQEUCLIDEAN, EUCLIDEAN, COSINE = 0, 1, 2
 METRIC_CODES = {"sqeuclidean": SQEUCLIDEAN, "euclidean": EUCLIDEAN, "cosine": COSINE}
+UNIT_ROUNDOFF = {np.dtype(np.float32): 2.0**-24, np.dtype(np.float64): 2.0**-53}
+U64 = 2.0**-53
 
 _jit = nb.njit(nogil=True, cache=True)
+_inline = nb.njit(nogil=True, cache=True, inline="always")
 
 
-@nb.njit(nogil=True, cache=True, inline="always")
+def dot_error_bound(dim: int, dtype) -> float:
+    """c such that |GEMM dot - canonical dot| <= c |q| |g| for any summation order.
+
+    Both are sums of ``dim`` products: gamma_n = n u / (1 - n u) bounds each one's error relative to
+    sum |q_k g_k| <= |q| |g| (u of the GEMM's dtype, and of float64 for the canonical sum).
+    """
+    def gamma(u):
+        return dim * u / (1.0 - dim * u)
+
+    return gamma(UNIT_ROUNDOFF[np.dtype(dtype)]) + gamma(U64)
+
+
+def bin_error_bound(dim: int, dtype) -> float:
+    """The window used for GOM thresholds: rigorous for float64 GEMMs, none for float32 (see above)."""
+    return dot_error_bound(dim, dtype) if np.dtype(dtype) == np.float64 else 0.0
+
+
+@_inline
 def pair_distance(dot, qa, ga, metric):
     """Distance of one pair from its dot product and the two rows' float64 terms."""
     dot = np.float64(dot)
@@ -35,6 +66,47 @@ def pair_distance(dot, qa, ga, metric):
     if metric == EUCLIDEAN:
         d = math.sqrt(d)
     return d
+
+
+@_inline
+def canonical_distance(qf, gf, i, j, qa, ga, metric):
+    """The distance of (qf[i], gf[j]).
+
+    Its dot product is summed in float64 in a fixed order that pipelines well: four partial sums
+    over k = 0, 1, 2, 3 (mod 4), added as (s0 + s1) + (s2 + s3), then the tail.
+    """
+    dim = qf.shape[1]
+    full = dim - dim % 4
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    for k in range(0, full, 4):
+        s0 += np.float64(qf[i, k]) * np.float64(gf[j, k])
+        s1 += np.float64(qf[i, k + 1]) * np.float64(gf[j, k + 1])
+        s2 += np.float64(qf[i, k + 2]) * np.float64(gf[j, k + 2])
+        s3 += np.float64(qf[i, k + 3]) * np.float64(gf[j, k + 3])
+    dot = (s0 + s1) + (s2 + s3)
+    for k in range(full, dim):
+        dot += np.float64(qf[i, k]) * np.float64(gf[j, k])
+    return pair_distance(dot, qa, ga, metric)
+
+
+@_inline
+def distance_window(d, qn, gn, metric, c_dot):
+    """Half-width w with |fast distance - canonical distance| <= w, for fast distance ``d``.
+
+    qn, gn: the rows' norms.  Includes a few float64 roundings of the combination itself.
+    """
+    if metric == COSINE:
+        return c_dot + 4.0 * U64
+    ds = 2.0 * c_dot * qn * gn + 4.0 * U64 * (qn + gn) * (qn + gn)
+    if metric == SQEUCLIDEAN:
+        return ds
+    w = math.sqrt(ds)  # |sqrt(a) - sqrt(b)| <= sqrt(|a - b|), and <= |a - b| / sqrt(a)
+    if d > 0.0:
+        w = min(w, ds / d * (1.0 + 1e-12))
+    return w + 4.0 * U64 * d
 
 
 @_jit
@@ -55,19 +127,14 @@ def row_terms(x, metric):
 
 @_jit
 def pair_distances(qf, gf, qrows, grows, qa, ga, metric):
-    """Distances of the listed pairs (qf[qrows[k]], gf[grows[k]]), dot products summed in float64."""
+    """Canonical distances of the listed pairs (qf[qrows[k]], gf[grows[k]])."""
     out = np.empty(qrows.shape[0], dtype=np.float64)
     for k in range(qrows.shape[0]):
-        qi = qrows[k]
-        gi = grows[k]
-        dot = 0.0
-        for t in range(qf.shape[1]):
-            dot += np.float64(qf[qi, t]) * np.float64(gf[gi, t])
-        out[k] = pair_distance(dot, qa[qi], ga[gi], metric)
+        out[k] = canonical_distance(qf, gf, qrows[k], grows[k], qa[qrows[k]], ga[grows[k]], metric)
     return out
 
 
-@nb.njit(nogil=True, cache=True, inline="always")
+@_inline
 def _positives_before(pos_d, pos_g, lo, hi, d, g):
     """Number of positives in pos[lo:hi] ordered before the item (d, g): a lower bound search."""
     start = lo
@@ -82,7 +149,7 @@ def _positives_before(pos_d, pos_g, lo, hi, d, g):
 NORM_NONE, NORM_AFFINE = 0, 1
 
 
-@nb.njit(nogil=True, cache=True, inline="always")
+@_inline
 def normalise(d, norm_mode, lo, span):
     """GOM's d~: ``d`` itself (mode none) or ``(d - lo) / span`` clipped to [0, 1] (minmax, fixed).
 
@@ -95,7 +162,7 @@ def normalise(d, norm_mode, lo, span):
     return min(max((d - lo) / span, 0.0), 1.0)
 
 
-@nb.njit(nogil=True, cache=True, inline="always")
+@_inline
 def threshold_bin(dn, n_bins):
     """Smallest i with ``dn <= tau_i = i * (1/N)``; N + 1 when no threshold returns the item.
 
@@ -112,61 +179,92 @@ def threshold_bin(dn, n_bins):
 
 
 @_jit
-def score_block(dots, qa, ga, metric, q_pid, g_pid, g_junk, g_start, pos_off, pos_d, pos_g, neg_slots,
-                with_gom, norm_mode, lo, span, n_bins, neg_hist):
+def score_block(dots, qf, gf, qa, ga, qn, gn, metric, c_dot, c_bins, q_pid, g_pid, g_junk, g_start,
+                pos_off, pos_d, pos_g, neg_slots, with_gom, norm_mode, lo, span, n_bins, neg_hist):
     """Add this chunk's negatives to the ranking slots and, with GOM, to the threshold histograms.
 
-    dots: (qb, gc) dot products of the query block with the gallery chunk starting at global row
-    ``g_start``.  A gallery item is a negative of query i when it is not junk (``g_junk``) and its pid
-    differs from the query's (same-pid items are positives or same-camera junk).
+    dots: (qb, gc) GEMM dot products of the query block ``qf`` with the gallery chunk ``gf``
+    starting at global row ``g_start``.  A gallery item is a negative of query i when it is not junk
+    (``g_junk``) and its pid differs from the query's (same-pid items are positives or same-camera
+    junk).
 
     * ``neg_slots`` (see the module docstring): only negatives ordered before the query's last
       positive are counted, later ones change no rank.
     * ``neg_hist[i, k]`` (with_gom): negatives first returned at threshold tau_k
       (k = n_bins + 1: never returned).
 
-    Each row is done in simple loops (distances, bins, histogram, slots) so the first two vectorise.
+    Decisions use the fast distance unless its window straddles a positive (bound ``c_dot``) or a
+    threshold (bound ``c_bins``); then the canonical distance.  Rows are done in simple loops so the
+    first two vectorise.
     """
     nq, ng = dots.shape
     dist = np.empty(ng, dtype=np.float64)
-    bins = np.empty(ng, dtype=np.int64)
+    bin_low = np.empty(ng, dtype=np.int64)
+    bin_high = np.empty(ng, dtype=np.int64)
     negative = np.empty(ng, dtype=np.int64)
+    gn_max = gn.max() if ng else 0.0
     for i in range(nq):
         qp = q_pid[i]
         qai = qa[i]
+        qni = qn[i]
         for j in range(ng):
             dist[j] = pair_distance(dots[i, j], qai, ga[j], metric)
             negative[j] = np.int64((g_pid[j] != qp) & (g_junk[j] == 0))
         if with_gom:
             for j in range(ng):
-                bins[j] = threshold_bin(normalise(dist[j], norm_mode, lo, span), n_bins)
+                w = distance_window(dist[j], qni, gn[j], metric, c_bins) if c_bins > 0.0 else 0.0
+                bin_low[j] = threshold_bin(normalise(dist[j] - w, norm_mode, lo, span), n_bins)
+                bin_high[j] = threshold_bin(normalise(dist[j] + w, norm_mode, lo, span), n_bins)
             for j in range(ng):
-                neg_hist[i, bins[j]] += negative[j]
+                k = bin_low[j]
+                if k != bin_high[j]:
+                    k = threshold_bin(normalise(canonical_distance(qf, gf, i, j, qai, ga[j], metric), norm_mode, lo, span), n_bins)
+                neg_hist[i, k] += negative[j]
         lo_pos = pos_off[i]
         hi_pos = pos_off[i + 1]
         if hi_pos == lo_pos:
             continue
         d_last = pos_d[hi_pos - 1]
-        g_last = pos_g[hi_pos - 1]
+        reach = d_last + distance_window(0.0, qni, gn_max, metric, c_dot)  # no window is wider
         for j in range(ng):
-            d = dist[j]
-            g = g_start + j
-            if (d < d_last) | ((d == d_last) & (g < g_last)):
-                if negative[j]:
-                    neg_slots[lo_pos + _positives_before(pos_d, pos_g, lo_pos, hi_pos, d, g)] += 1
+            if negative[j] & (dist[j] <= reach):
+                g = g_start + j
+                w = distance_window(dist[j], qni, gn[j], metric, c_dot)
+                slot = _positives_before(pos_d, pos_g, lo_pos, hi_pos, dist[j] - w, g)
+                if slot != _positives_before(pos_d, pos_g, lo_pos, hi_pos, dist[j] + w, g):
+                    slot = _positives_before(pos_d, pos_g, lo_pos, hi_pos, canonical_distance(qf, gf, i, j, qai, ga[j], metric), g)
+                if slot < hi_pos - lo_pos:
+                    neg_slots[lo_pos + slot] += 1
 
 
 @_jit
-def distance_range(dots, qa, ga, metric):
-    """(min, max) distance over a block: the first GOM pass of ``minmax`` normalisation."""
-    lo = np.inf
-    hi = -np.inf
-    for i in range(dots.shape[0]):
-        for j in range(dots.shape[1]):
+def distance_range(dots, qf, gf, qa, ga, qn, gn, metric, c_dot):
+    """Canonical (min, max) distance over a block: the first GOM pass of ``minmax`` normalisation.
+
+    The extremes are found on fast distances, then settled canonically among the pairs within two
+    windows of them (``reach``: no pair's window is wider).
+    """
+    nq, ng = dots.shape
+    fast_low = np.inf
+    fast_high = -np.inf
+    reach = 0.0
+    gn_max = gn.max() if ng else 0.0
+    for i in range(nq):
+        reach = max(reach, distance_window(0.0, qn[i], gn_max, metric, c_dot))
+        for j in range(ng):
             d = pair_distance(dots[i, j], qa[i], ga[j], metric)
-            lo = min(lo, d)
-            hi = max(hi, d)
-    return lo, hi
+            fast_low = min(fast_low, d)
+            fast_high = max(fast_high, d)
+    low = np.inf
+    high = -np.inf
+    for i in range(nq):
+        for j in range(ng):
+            d = pair_distance(dots[i, j], qa[i], ga[j], metric)
+            if (d <= fast_low + 2.0 * reach) | (d >= fast_high - 2.0 * reach):
+                exact = canonical_distance(qf, gf, i, j, qa[i], ga[j], metric)
+                low = min(low, exact)
+                high = max(high, exact)
+    return low, high
 
 
 @_jit

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import zarr
+from zarr.core.sync import sync
 
 from .errors import StoreError
 
@@ -286,8 +287,17 @@ def append_gallery(path, features, pids, camids) -> Store:
     return open_store(path)
 
 
+def _require_present(arr: zarr.Array) -> None:
+    """zarr answers the fill value for chunks it cannot find, so a process that cannot see the store
+    (another machine, another working directory) would read zeros.  Check the array is there."""
+    where = arr.store_path
+    if not sync(where.store.exists(f"{where.path}/zarr.json")):
+        raise StoreError(f"cannot read '{where}' from this process (store missing or not reachable here)")
+
+
 def read_rows(fs: FeatureSet, start: int, stop: int, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Read rows [start, stop) of a set: features upcast to ``dtype`` and checked finite, ids as int64."""
+    _require_present(fs.features)
     features = np.ascontiguousarray(fs.features[start:stop], dtype=dtype)
     _check_finite(features, fs.name, start)
     pids = np.asarray(fs.pids[start:stop], dtype=np.int64)
@@ -298,6 +308,7 @@ def read_rows(fs: FeatureSet, start: int, stop: int, dtype) -> tuple[np.ndarray,
 def read_ids(fs: FeatureSet, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Read pids and camids of rows [start, stop) as int64 (no features)."""
     stop = len(fs) if stop is None else stop
+    _require_present(fs.pids)
     return (
         np.asarray(fs.pids[start:stop], dtype=np.int64),
         np.asarray(fs.camids[start:stop], dtype=np.int64),

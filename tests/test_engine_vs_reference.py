@@ -1,0 +1,289 @@
+"""The engine against the brute-force reference (tests/reference.py) on many small random problems.
+
+Integer-valued features (small values, stored as float32 or float16) make every distance exact in
+every precision and make ties frequent, so these tests pin the tie rule (ties broken by gallery
+index) and the protocol (junk, distractors, same-camera positives, open-set queries) exactly.  Every
+problem is evaluated with the default chunking and with random query blocks / gallery chunks: the
+numbers must match the reference to 1e-12 and be bit-identical across chunkings.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import streameval
+from streameval import open_store, write_store
+
+from reference import reference_evaluate
+
+TOL = 1e-12
+MAX_TASK_PAIRS = 12  # (query blocks) x (gallery chunks) per drawn chunking: keeps each evaluate() fast
+
+SETTINGS = dict(
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+)
+
+# (metric, precision) pairs exact against a float64 reference for integer-valued features
+EXACT_SCORINGS = [
+    ("sqeuclidean", "float32"),
+    ("euclidean", "float32"),
+    ("cosine", "float64"),
+    ("sqeuclidean", "float64"),
+    ("euclidean", "float64"),
+]
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def _close(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return abs(a - b) <= TOL
+
+
+def assert_matches_reference(result, ref, max_rank: int) -> None:
+    for key in ("n_queries", "n_valid_queries", "n_open_queries", "n_gallery"):
+        assert getattr(result, key) == ref[key], key
+    for key in ("mAP", "mAP_trapezoid", "mINP"):
+        assert _close(getattr(result, key), ref[key]), (key, getattr(result, key), ref[key])
+    if ref["cmc"] is None:
+        assert result.cmc is None
+    else:
+        assert result.cmc is not None
+        cmc = np.asarray(result.cmc, dtype=np.float64)
+        assert cmc.shape == (max_rank,)
+        np.testing.assert_allclose(cmc, ref["cmc"], rtol=0, atol=TOL)
+        assert result.rank(1) == cmc[0]
+    pq, rpq = result.per_query, ref["per_query"]
+    for key in ("first_hit_rank", "n_positives"):
+        np.testing.assert_array_equal(np.asarray(pq[key]), rpq[key], err_msg=key)
+    for key in ("ap", "ap_trapezoid", "inp"):
+        got = np.asarray(pq[key], dtype=np.float64)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(rpq[key]), err_msg=key)
+        np.testing.assert_allclose(got, rpq[key], rtol=0, atol=TOL, equal_nan=True, err_msg=key)
+
+
+def assert_identical(a, b) -> None:
+    """Two evaluations of the same problem (different chunkings) give bit-identical numbers."""
+    for key in ("n_queries", "n_valid_queries", "n_open_queries", "n_gallery", "mAP", "mAP_trapezoid", "mINP"):
+        assert getattr(a, key) == getattr(b, key), key
+    if a.cmc is None:
+        assert b.cmc is None
+    else:
+        np.testing.assert_array_equal(a.cmc, b.cmc)
+    for key in ("ap", "ap_trapezoid", "inp", "first_hit_rank", "n_positives"):
+        np.testing.assert_array_equal(a.per_query[key], b.per_query[key], err_msg=key)
+
+
+@st.composite
+def chunking(draw, nq: int, ng: int):
+    """(query_block, gallery_chunk) with at most MAX_TASK_PAIRS block pairs (1..N each)."""
+    gc = draw(st.integers(max(1, math.ceil(ng / MAX_TASK_PAIRS)), ng))
+    q_blocks = max(1, MAX_TASK_PAIRS // math.ceil(ng / gc))
+    qb = draw(st.integers(max(1, math.ceil(nq / q_blocks)), nq))
+    return qb, gc
+
+
+@st.composite
+def chunkings(draw, nq: int, ng: int, n: int = 2):
+    """The defaults plus ``n`` drawn chunkings."""
+    return [(None, None)] + [draw(chunking(nq, ng)) for _ in range(n)]
+
+
+@st.composite
+def ids(draw, nq: int, ng: int):
+    """Person and camera ids with junk (-1), distractors (0), same-camera positives, open-set queries.
+
+    Query pids reach one past the gallery's range, so some queries have no gallery match at all.
+    """
+    n_pids = draw(st.integers(1, 6))
+    n_cams = draw(st.integers(1, 3))
+    g_pids = draw(hnp.arrays(np.int64, ng, elements=st.integers(-1, n_pids)))
+    q_pids = draw(hnp.arrays(np.int64, nq, elements=st.integers(-1, n_pids + 1)))
+    g_cams = draw(hnp.arrays(np.int64, ng, elements=st.integers(0, n_cams - 1)))
+    q_cams = draw(hnp.arrays(np.int64, nq, elements=st.integers(0, n_cams - 1)))
+    junk = draw(st.one_of(st.just((-1,)), st.lists(st.integers(-1, n_pids + 1), max_size=3).map(tuple)))
+    return q_pids, q_cams, g_pids, g_cams, junk
+
+
+def integer_features(nq: int, ng: int, dim: int, vmax: int):
+    return hnp.arrays(np.float32, (nq + ng, dim), elements=st.integers(-vmax, vmax).map(float))
+
+
+def no_zero_rows(f: np.ndarray) -> np.ndarray:
+    """Cosine distance is undefined for an all-zero vector: give such rows a unit first component."""
+    f = f.copy()
+    f[~f.any(axis=1), 0] = 1
+    return f
+
+
+@st.composite
+def integer_problems(draw, max_nq: int = 30, max_ng: int = 80, max_dim: int = 8):
+    nq = draw(st.integers(1, max_nq))
+    ng = draw(st.integers(1, max_ng))
+    dim = draw(st.integers(1, max_dim))
+    vmax = draw(st.integers(1, 3))  # small ranges: many exact ties
+    metric, precision = draw(st.sampled_from(EXACT_SCORINGS))
+    feats = draw(integer_features(nq, ng, dim, vmax))
+    if metric == "cosine":
+        feats = no_zero_rows(feats)
+    q_pids, q_cams, g_pids, g_cams, junk = draw(ids(nq, ng))
+    data = dict(qf=feats[:nq], q_pids=q_pids, q_camids=q_cams, gf=feats[nq:], g_pids=g_pids, g_camids=g_cams)
+    options = dict(
+        metric=metric, precision=precision, protocol=draw(st.sampled_from(["market", "none"])),
+        junk_pids=junk, max_rank=draw(st.one_of(st.just(50), st.integers(1, 100))),
+    )
+    return data, options
+
+
+def reference_for(data: dict, options: dict, features_dtype=np.float32) -> dict:
+    """Reference numbers for features as the store holds them (cast to the store dtype)."""
+    return reference_evaluate(
+        np.asarray(data["qf"]).astype(features_dtype), data["q_pids"], data["q_camids"],
+        np.asarray(data["gf"]).astype(features_dtype), data["g_pids"], data["g_camids"],
+        metric=options["metric"], protocol=options["protocol"], junk_pids=options["junk_pids"],
+        max_rank=options["max_rank"],
+    )
+
+
+def check_all_chunkings(source, data: dict, options: dict, plans, features_dtype=np.float32) -> None:
+    ref = reference_for(data, options, features_dtype)
+    results = []
+    for qb, gc in plans:
+        result = streameval.evaluate(source, query_block=qb, gallery_chunk=gc, **options)
+        assert_matches_reference(result, ref, options["max_rank"])
+        results.append(result)
+    for other in results[1:]:
+        assert_identical(results[0], other)
+
+
+# ----------------------------------------------------------------------------------------------- tests
+
+
+@settings(max_examples=100, **SETTINGS)
+@given(st.data())
+def test_integer_features_match_reference(data):
+    """All metrics, protocols, junk sets, max_rank below and above the gallery size, many chunkings."""
+    problem, options = data.draw(integer_problems())
+    plans = data.draw(chunkings(len(problem["q_pids"]), len(problem["g_pids"])))
+    check_all_chunkings(problem, problem, options, plans)
+
+
+@settings(max_examples=50, **SETTINGS)
+@given(st.data())
+def test_tiny_problems_every_chunking(data):
+    """Tiny problems, evaluated with every (query_block, gallery_chunk) pair there is."""
+    problem, options = data.draw(integer_problems(max_nq=3, max_ng=5, max_dim=3))
+    nq, ng = len(problem["q_pids"]), len(problem["g_pids"])
+    plans = [(None, None)] + [(qb, gc) for qb in range(1, nq + 1) for gc in range(1, ng + 1)]
+    check_all_chunkings(problem, problem, options, plans)
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(st.data())
+def test_continuous_features_float64(data):
+    """Random continuous features (stored float32), distances in float64: no exact ties expected."""
+    nq = data.draw(st.integers(1, 30))
+    ng = data.draw(st.integers(1, 80))
+    dim = data.draw(st.integers(1, 8))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    scale = data.draw(st.sampled_from([1e-3, 1.0, 1e3]))
+    q_pids, q_cams, g_pids, g_cams, junk = data.draw(ids(nq, ng))
+    problem = dict(
+        qf=rng.standard_normal((nq, dim)) * scale, q_pids=q_pids, q_camids=q_cams,
+        gf=rng.standard_normal((ng, dim)) * scale, g_pids=g_pids, g_camids=g_cams,
+    )
+    options = dict(
+        metric=data.draw(st.sampled_from(["euclidean", "sqeuclidean", "cosine"])), precision="float64",
+        protocol=data.draw(st.sampled_from(["market", "none"])), junk_pids=junk,
+        max_rank=data.draw(st.integers(1, 100)),
+    )
+    check_all_chunkings(problem, problem, options, data.draw(chunkings(nq, ng)))
+
+
+@settings(max_examples=30, suppress_health_check=SETTINGS["suppress_health_check"] + [HealthCheck.function_scoped_fixture], deadline=None)
+@given(st.data())
+def test_float16_store_from_path(tmp_path, data):
+    """Integer features written as a float16 store on disk (any store chunking), evaluated by path."""
+    problem, options = data.draw(integer_problems())
+    nq, ng = len(problem["q_pids"]), len(problem["g_pids"])
+    path = tmp_path / f"{uuid.uuid4().hex}.zarr"
+    chunk_rows = data.draw(st.integers(1, max(nq, ng)))
+    write_store(path, problem["qf"], problem["q_pids"], problem["q_camids"],
+                problem["gf"], problem["g_pids"], problem["g_camids"], dtype="float16", chunk_rows=chunk_rows)
+    store = open_store(path)
+    assert store.query.features.dtype == np.float16 and store.gallery.features.dtype == np.float16
+    np.testing.assert_array_equal(store.gallery.features[:], problem["gf"])  # integers are exact in float16
+    check_all_chunkings(str(path), problem, options, data.draw(chunkings(nq, ng)), features_dtype=np.float16)
+
+
+def _tie_vectors(case):
+    """(query row, gallery row) of one identical-rows case: 1-D decimals, or random vectors."""
+    if case == "1d":
+        return np.array([0.1], np.float32), np.array([0.2], np.float32)  # not exact in binary
+    dim, seed = case
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(dim).astype(np.float32), rng.standard_normal(dim).astype(np.float32)
+
+
+@pytest.mark.parametrize("case", ["1d", (16, 29), (32, 1), (64, 36), (64, 38)])
+@pytest.mark.parametrize("precision", ["float32", "float64"])
+@pytest.mark.parametrize("metric", ["euclidean", "sqeuclidean", "cosine"])
+@pytest.mark.parametrize("positive_first", [True, False])
+def test_identical_gallery_rows_are_tied(case, precision, metric, positive_first):
+    """Two identical gallery rows, one positive and one negative: an exact tie, broken by index.
+
+    The features are not integers, so the tie only holds if both rows get one distance, whatever
+    kernel computes it (the (64, 36)-like cases are ones where a different summation order of the
+    float64 dot product changes the last bit).
+    """
+    q, v = _tie_vectors(case)
+    g_pids = np.array([1, 2]) if positive_first else np.array([2, 1])
+    problem = dict(qf=q[None, :], q_pids=np.array([1]), q_camids=np.array([0]),
+                   gf=np.stack([v, v]), g_pids=g_pids, g_camids=np.array([1, 1]))
+    options = dict(metric=metric, precision=precision, protocol="market", junk_pids=(-1,), max_rank=2)
+    ref = reference_for(problem, options)
+    assert ref["mAP"] == (1.0 if positive_first else 0.5)
+    for qb, gc in ((None, None), (1, 1)):
+        result = streameval.evaluate(problem, query_block=qb, gallery_chunk=gc, **options)
+        assert_matches_reference(result, ref, 2)
+        assert result.cmc[0] == (1.0 if positive_first else 0.0)
+
+
+@pytest.mark.parametrize("precision", ["float32", "float64"])
+# no shrink phase: a failure here is reported at once instead of after minutes of shrinking
+@settings(max_examples=30, phases=(Phase.explicit, Phase.reuse, Phase.generate), **SETTINGS)
+@given(data=st.data())
+def test_duplicate_rows_tie_by_gallery_index(precision, data):
+    """Non-integer features with duplicated gallery rows: identical vectors are exact ties.
+
+    A duplicate of a positive carried by a negative (or by another positive) must be ordered by
+    gallery index, in any precision and any chunking: two identical rows have one distance.
+    """
+    nq = data.draw(st.integers(1, 10))
+    dim = data.draw(st.integers(1, 64))
+    n_distinct = data.draw(st.integers(1, 4))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    distinct = rng.standard_normal((n_distinct, dim)).astype(np.float32)
+    copies = data.draw(st.lists(st.integers(0, n_distinct - 1), min_size=1, max_size=24))
+    gf = distinct[copies]
+    ng = gf.shape[0]
+    q_pids, q_cams, g_pids, g_cams, junk = data.draw(ids(nq, ng))
+    problem = dict(
+        qf=rng.standard_normal((nq, dim)).astype(np.float32), q_pids=q_pids, q_camids=q_cams,
+        gf=gf, g_pids=g_pids, g_camids=g_cams,
+    )
+    options = dict(
+        metric=data.draw(st.sampled_from(["euclidean", "sqeuclidean", "cosine"])), precision=precision,
+        protocol=data.draw(st.sampled_from(["market", "none"])), junk_pids=junk, max_rank=10,
+    )
+    check_all_chunkings(problem, problem, options, data.draw(chunkings(nq, ng)))
