@@ -6,7 +6,6 @@ import os
 import time
 from collections.abc import Mapping
 from contextlib import nullcontext
-from functools import reduce
 
 import dask
 import numpy as np
@@ -15,7 +14,7 @@ from threadpoolctl import threadpool_limits
 from . import graph, kernels, metrics
 from .cluster import CONNECT_TIMEOUT_S, ClusterOptions, connect
 from .errors import OptionError
-from .gom import CurveSums, GomOptions
+from .gom import CURVES, GomOptions
 from .gom import summarize as summarize_gom
 from .plan import DEFAULT_MEMORY_BUDGET, make_plan, parse_bytes
 from .progress import Reporter, ThreadedProgress, wait_distributed
@@ -102,13 +101,15 @@ def evaluate(
         reporter = Reporter() if progress else None
         blocks, dist_range = _compute(client, graph.build(store.query, store.gallery, plan, scoring), plan, reporter)
     elapsed = time.perf_counter() - started
-    per_query = metrics.concat_blocks(blocks)
+    per_query = metrics.concat_blocks(blocks, metrics.PER_QUERY_FIELDS)
     n_valid = int((per_query["n_positives"] > 0).sum())
     return metrics.Result(
         n_queries=len(store.query), n_valid_queries=n_valid, n_open_queries=len(store.query) - n_valid,
         n_gallery=len(store.gallery), metric=metric, protocol=protocol, max_rank=max_rank,
         per_query=per_query, **metrics.closed_set(per_query, max_rank),
-        gom=None if no_gom else summarize_gom(reduce(CurveSums.merge, [b["gom"] for b in blocks]), gom_options, dist_range),
+        gom=None if no_gom else summarize_gom(
+            metrics.concat_blocks([b["gom"] for b in blocks], CURVES), per_query["n_positives"], gom_options, dist_range
+        ),
         options={"junk_pids": [int(p) for p in scoring.protocol.junk_pids], "precision": precision},
         run={
             "query_block": plan.query_block, "gallery_chunk": plan.gallery_chunk, "workers": plan.workers,

@@ -10,8 +10,8 @@ i = 0..N; an item is returned at tau iff d~ <= tau (junk only at tau >= 1).
 * tau_nz = first tau with mFR > 0
 
 The streamed state is integer: per query, a histogram of the thresholds at which its negatives are
-first returned (``RankState.neg_hist``).  Ratios are formed once, in ``gom_block_sums`` and
-``summarize``.
+first returned (``RankState.neg_hist``).  Ratios are formed once, per query in ``kernels.gom_curves``
+and as means in ``summarize``.
 """
 
 from __future__ import annotations
@@ -97,31 +97,19 @@ class DistanceRange:
         return DistanceRange(min(a.lo, b.lo), max(a.hi, b.hi))
 
 
-@dataclass(frozen=True)
-class CurveSums:
-    """Sums of per-query curves over one query block (counts of Q+ and Q- alongside)."""
-
-    rp: np.ndarray
-    vp: np.ndarray
-    rep: np.ndarray
-    fr: np.ndarray
-    n_valid: int
-    n_open: int
-
-    @staticmethod
-    def merge(a: "CurveSums", b: "CurveSums") -> "CurveSums":
-        return CurveSums(a.rp + b.rp, a.vp + b.vp, a.rep + b.rep, a.fr + b.fr, a.n_valid + b.n_valid, a.n_open + b.n_open)
+CURVES = ("rp", "vp", "rep", "fr")
 
 
-def block_curve_sums(positives, state, options: GomOptions, norm: Normalisation) -> CurveSums:
+def block_curves(positives, state, options: GomOptions, norm: Normalisation) -> dict:
+    """Per-query curves of one query block: (queries, N + 1) arrays ``rp``, ``vp``, ``rep`` (Q+ rows)
+    and ``fr`` (Q- rows), zero elsewhere.  Kept per query so the means do not depend on the blocks."""
     tau = options.tau
-    sums = [np.zeros(tau.shape[0]) for _ in range(4)]
-    kernels.gom_block_sums(
+    curves = {name: np.zeros((positives.counts.shape[0], tau.shape[0])) for name in CURVES}
+    kernels.gom_curves(
         positives.offsets, positives.dist, state.neg_slots, state.neg_hist, positives.junk, tau,
-        norm.mode, norm.lo, norm.span, options.vp == "jaccard", options.b, *sums,
+        norm.mode, norm.lo, norm.span, options.vp == "jaccard", options.b, *(curves[name] for name in CURVES),
     )
-    n_valid = int((positives.counts > 0).sum())
-    return CurveSums(*sums, n_valid=n_valid, n_open=positives.counts.shape[0] - n_valid)
+    return curves
 
 
 def _first_tau(tau: np.ndarray, mask: np.ndarray):
@@ -133,8 +121,9 @@ def _trapezoid(curve: np.ndarray, tau: np.ndarray) -> float:
     return float(np.sum(np.diff(tau) * (curve[1:] + curve[:-1]) / 2))
 
 
-def summarize(sums: CurveSums, options: GomOptions, dist_range: DistanceRange | None) -> dict:
+def summarize(curves: dict, n_positives: np.ndarray, options: GomOptions, dist_range: DistanceRange | None) -> dict:
     """Mean curves and their summaries; Q+ values None when Q+ is empty, Q- values when Q- is."""
+    valid = n_positives > 0
     tau = options.tau
     out = {
         "tau": tau.tolist(), "B": options.b, "normalisation": options.label, "bins": options.bins,
@@ -144,13 +133,13 @@ def summarize(sums: CurveSums, options: GomOptions, dist_range: DistanceRange | 
     }
     if dist_range is not None:
         out["dmin"], out["dmax"] = dist_range.lo, dist_range.hi
-    if sums.n_valid:
-        m_rp, m_vp, m_rep = (curve / sums.n_valid for curve in (sums.rp, sums.vp, sums.rep))
+    if valid.any():
+        m_rp, m_vp, m_rep = (curves[name][valid].mean(axis=0) for name in ("rp", "vp", "rep"))
         out.update(
             mRP=m_rp.tolist(), mVP=m_vp.tolist(), mReP=m_rep.tolist(), mReP_max=float(m_rep.max()),
             tau_max=_first_tau(tau, m_rep == m_rep.max()), mVP_max=float(m_vp.max()), MREP=_trapezoid(m_rep, tau),
         )
-    if sums.n_open:
-        m_fr = sums.fr / sums.n_open
+    if not valid.all():
+        m_fr = curves["fr"][~valid].mean(axis=0)
         out.update(mFR=m_fr.tolist(), MFR=_trapezoid(m_fr, tau), tau_nz=_first_tau(tau, m_fr > 0))
     return out

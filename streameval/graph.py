@@ -22,7 +22,7 @@ from dask import delayed
 
 from . import kernels
 from .errors import StoreError
-from .gom import DistanceRange, GomOptions, Normalisation, block_curve_sums
+from .gom import DistanceRange, GomOptions, Normalisation, block_curves
 from .plan import Plan
 from .protocol import Positives, Protocol
 from .state import RankState
@@ -131,7 +131,7 @@ def score_chunk(gallery: FeatureSet, start: int, stop: int, queries: Rows, posit
 
 def summarize_block(positives: Positives, state: RankState, scoring: Scoring, norm: Normalisation,
                     gallery_chunk: int) -> dict:
-    """Per-query arrays (first-hit rank, AP, AP_trapezoid, INP, #positives), GOM curve sums, and
+    """Per-query arrays (first-hit rank, AP, AP_trapezoid, INP, #positives), GOM curves, and
     the gallery chunks holding positives (their features were read by the positives pass)."""
     n = positives.offsets.shape[0] - 1
     out = {
@@ -140,7 +140,7 @@ def summarize_block(positives: Positives, state: RankState, scoring: Scoring, no
     }
     kernels.rank_summaries(positives.offsets, state.neg_slots, out["first_hit_rank"], out["ap"], out["ap_trapezoid"], out["inp"])
     out["n_positives"] = positives.counts
-    out["gom"] = block_curve_sums(positives, state, scoring.gom, norm) if scoring.gom else None
+    out["gom"] = block_curves(positives, state, scoring.gom, norm) if scoring.gom else None
     out["positive_chunks"] = np.unique(positives.gidx // gallery_chunk)
     return out
 

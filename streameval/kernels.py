@@ -302,13 +302,14 @@ def rank_summaries(pos_off, neg_slots, first_rank, ap, ap_trapezoid, inp):
 
 
 @_jit
-def gom_block_sums(pos_off, pos_d, neg_slots, neg_hist, junk, tau, norm_mode, lo, span, vp_jaccard, b_cap,
-                   rp_sum, vp_sum, rep_sum, fr_sum):
-    """Add each query's GOM curves (METRICS.md 4.2) over the grid ``tau`` to the running sums.
+def gom_curves(pos_off, pos_d, neg_slots, neg_hist, junk, tau, norm_mode, lo, span, vp_jaccard, b_cap,
+               rp, vp, rep, fr):
+    """Each query's GOM curves (METRICS.md 4.2) over the grid ``tau``, one row per query.
 
     Per query: R_tau = returned non-junk items (negatives from ``neg_hist``, positives from their
     exact distances) plus its ``junk`` items when tau >= 1; TP_tau = returned positives, a prefix of
-    the positives since they are sorted by distance.  Q+ adds RP, VP, ReP; Q- adds FR.
+    the positives since they are sorted by distance.  Q+ rows get RP, VP, ReP; Q- rows FR (the
+    other curves of a row are left untouched).
 
     RP_tau = (1/TP) sum_{j<=TP} j / r_j (0 when TP = 0);
     VP_tau = TP / (min(R_tau, r_n) - TP + n)   (reference) or TP / (R_tau - TP + n) (jaccard);
@@ -329,7 +330,7 @@ def gom_block_sums(pos_off, pos_d, neg_slots, neg_hist, junk, tau, norm_mode, lo
                 returned[t] += junk[q]
         if n == 0:
             for t in range(n_tau):
-                fr_sum[t] += min(returned[t], b_cap) / b_cap
+                fr[q, t] = min(returned[t], b_cap) / b_cap
             continue
         last_rank = n + neg_slots[first: first + n].sum()
         tp = 0
@@ -340,9 +341,7 @@ def gom_block_sums(pos_off, pos_d, neg_slots, neg_hist, junk, tau, norm_mode, lo
                 negatives_before += neg_slots[first + tp]
                 tp += 1
                 precision_sum += tp / (tp + negatives_before)
-            rp = precision_sum / tp if tp > 0 else 0.0
             cap = returned[t] if vp_jaccard else min(returned[t], last_rank)
-            vp = tp / (cap - tp + n)
-            rp_sum[t] += rp
-            vp_sum[t] += vp
-            rep_sum[t] += math.sqrt(rp * vp)
+            rp[q, t] = precision_sum / tp if tp > 0 else 0.0
+            vp[q, t] = tp / (cap - tp + n)
+            rep[q, t] = math.sqrt(rp[q, t] * vp[q, t])

@@ -76,8 +76,9 @@ def _json_list(values: np.ndarray) -> list:
     return [None if isinstance(v, float) and v != v else v for v in values.tolist()]
 
 
-def concat_blocks(blocks: list[dict]) -> dict:
-    return {name: np.concatenate([b[name] for b in blocks]) for name in PER_QUERY_FIELDS}
+def concat_blocks(blocks: list[dict], names) -> dict:
+    """Per-query arrays of consecutive query blocks joined in query order."""
+    return {name: np.concatenate([b[name] for b in blocks]) for name in names}
 
 
 def cmc_curve(first_hit_rank: np.ndarray, max_rank: int) -> np.ndarray:

@@ -127,3 +127,69 @@ def reference_evaluate(qf, q_pids, q_camids, gf, g_pids, g_camids, *, metric="eu
         mINP=sum(per_query["inp"][i] for i in valid) / len(valid),
     )
     return out
+
+
+def reference_gom(dist, q_pids, q_camids, g_pids, g_camids, *, protocol="market", junk_pids=(-1,),
+                  norm="minmax", bins=100, b=3000, vp="reference") -> dict:
+    """The GOM family of METRICS.md section 4, literally, from the full distance matrix.
+
+    ``norm``: "minmax", "none" or (LO, HI) for fixed.
+    """
+    dist = np.asarray(dist, dtype=np.float64)
+    dmin, dmax = float(dist.min()), float(dist.max())
+    if norm == "minmax":
+        normed = (dist - dmin) / (dmax - dmin) if dmax > dmin else np.zeros_like(dist)
+    elif norm == "none":
+        normed = dist
+    else:
+        lo, hi = norm
+        normed = np.clip((dist - lo) / (hi - lo), 0.0, 1.0)
+    tau = np.array([i * (1.0 / bins) for i in range(bins + 1)])
+    junk_set = set(int(p) for p in junk_pids)
+    sums = {name: np.zeros(bins + 1) for name in ("rp", "vp", "rep", "fr")}
+    n_valid = n_open = 0
+    for i in range(dist.shape[0]):
+        q_pid, q_cam = int(q_pids[i]), int(q_camids[i])
+        is_junk = np.array([
+            int(p) in junk_set or (protocol == "market" and int(p) == q_pid and int(c) == q_cam)
+            for p, c in zip(g_pids, g_camids)
+        ], dtype=bool)
+        ranks = query_ranks(dist[i], q_pid, q_cam, g_pids, g_camids, protocol, junk_pids)
+        # positives in rank order with their normalised distances
+        order = np.lexsort((np.arange(dist.shape[1]), dist[i]))
+        positive_order = [g for g in order if not is_junk[g] and int(g_pids[g]) == q_pid]
+        n = len(positive_order)
+        for t, threshold in enumerate(tau):
+            returned = int(np.sum(~is_junk & (normed[i] <= threshold))) + (int(is_junk.sum()) if threshold >= 1 else 0)
+            if n == 0:
+                sums["fr"][t] += min(returned, b) / b
+                continue
+            hits = [j for j, g in enumerate(positive_order, start=1) if normed[i, g] <= threshold]
+            tp = len(hits)
+            rp = sum(j / ranks[j - 1] for j in hits) / tp if tp else 0.0
+            cap = returned if vp == "jaccard" else min(returned, ranks[-1])
+            vp_value = tp / (cap - tp + n)
+            sums["rp"][t] += rp
+            sums["vp"][t] += vp_value
+            sums["rep"][t] += math.sqrt(rp * vp_value)
+        if n:
+            n_valid += 1
+        else:
+            n_open += 1
+
+    def trapezoid(curve):
+        return sum((tau[k + 1] - tau[k]) * (curve[k] + curve[k + 1]) / 2 for k in range(bins))
+
+    out = {"tau": tau, "dmin": dmin, "dmax": dmax, "mRP": None, "mVP": None, "mReP": None, "mReP_max": None,
+           "tau_max": None, "mVP_max": None, "MREP": None, "mFR": None, "MFR": None, "tau_nz": None}
+    if n_valid:
+        m_rep = sums["rep"] / n_valid
+        best = max(m_rep)
+        out.update(mRP=sums["rp"] / n_valid, mVP=sums["vp"] / n_valid, mReP=m_rep, mReP_max=best,
+                   tau_max=float(tau[list(m_rep).index(best)]), mVP_max=max(sums["vp"] / n_valid),
+                   MREP=trapezoid(m_rep))
+    if n_open:
+        m_fr = sums["fr"] / n_open
+        nonzero = [float(tau[k]) for k in range(bins + 1) if m_fr[k] > 0]
+        out.update(mFR=m_fr, MFR=trapezoid(m_fr), tau_nz=nonzero[0] if nonzero else None)
+    return out
