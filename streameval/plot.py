@@ -39,7 +39,8 @@ def plot_result(result_json: str, out_png: str) -> None:
         if gom.get("tau_max") is not None:
             ax_gom.axvline(gom["tau_max"], color="grey", lw=0.8)
             ax_gom.annotate(f"tau_max={gom['tau_max']:.2f}\nmReP_max={gom['mReP_max']:.3f}",
-                            (gom["tau_max"], gom["mReP_max"]), textcoords="offset points", xytext=(6, -28))
+                            (gom["tau_max"], gom["mReP_max"]), textcoords="offset points", xytext=(8, 8),
+                            fontsize=9, bbox={"boxstyle": "round", "fc": "white", "ec": "grey", "alpha": 0.9})
         ax_gom.set_title(f"GOM ({gom['normalisation']})")
         ax_gom.legend(loc="best")
     else:

@@ -227,3 +227,55 @@ def test_real_processes_synth_then_eval(tmp_path):
     got = json.loads(proc.stdout)
     assert_same_result(got, evaluate(path).to_dict())
     assert "mAP" in proc.stderr and "Traceback" not in proc.stderr
+
+
+GOM_KEYS = ("tau", "mRP", "mVP", "mReP", "mFR", "mReP_max", "tau_max", "mVP_max", "MREP", "MFR", "tau_nz",
+            "B", "normalisation", "dmin", "dmax")
+
+
+def test_eval_json_holds_gom_and_matches_the_api(store_path):
+    got = json.loads(run("eval", store_path, "--json", "-", "-q", "--gom-bins", "20", "--gom-b", "50").stdout)
+    want = evaluate(store_path, gom_bins=20, gom_b=50).to_dict()
+    for key in GOM_KEYS:
+        assert got["gom"][key] == want["gom"][key], key
+    assert len(got["gom"]["tau"]) == 21 and got["gom"]["B"] == 50 and got["gom"]["normalisation"] == "minmax"
+    assert got["gom"]["mFR"] is not None and got["gom"]["mReP"] is not None  # the store mixes Q+ and Q-
+    no_gom = json.loads(run("eval", store_path, "--json", "-", "-q", "--no-gom").stdout)
+    assert no_gom["gom"] is None and no_gom["mAP"] == got["mAP"]
+
+
+def test_eval_summary_names_gom_time_rate_and_bytes(store_path):
+    result = run("eval", store_path, "--gom-norm", "fixed:0:20")
+    out = result.stdout
+    assert "GOM (fixed:0:20" in out and "mReP_max" in out and "MFR" in out
+    assert "pairs/s" in out and "MiB" in out
+    assert "streameval: 100%" in result.stderr  # non-interactive progress lines
+
+
+def test_bad_gom_options_exit_2(store_path):
+    for args in (["--gom-norm", "fixed:2:1"], ["--gom-norm", "maxmin"], ["--gom-bins", "0"], ["--gom-vp", "x"]):
+        result = run("eval", store_path, "-q", *args, ok=False)
+        assert result.exit_code == 2, (args, result.output)
+        assert "Traceback" not in result.output
+
+
+def test_plot_draws_a_png_and_refuses_to_overwrite(store_path, tmp_path):
+    result_json = tmp_path / "result.json"
+    run("eval", store_path, "-q", "--json", result_json)
+    png = tmp_path / "curves.png"
+    run("plot", result_json, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    before = png.stat().st_mtime_ns
+    refused = run("plot", result_json, png, ok=False)
+    assert refused.exit_code == 2 and png.stat().st_mtime_ns == before
+    not_json = tmp_path / "bad.json"
+    not_json.write_text("{}")
+    bad = run("plot", not_json, tmp_path / "x.png", ok=False)
+    assert bad.exit_code == 3 and "not a streameval result" in bad.output
+
+
+def test_storage_options_are_parsed_and_typed():
+    from streameval.cli import _key_values
+
+    assert _key_values(None, None, ("anon=true", "retries=3", "endpoint_url=http://x")) == {
+        "anon": True, "retries": 3, "endpoint_url": "http://x"}
