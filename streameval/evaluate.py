@@ -124,8 +124,11 @@ def _compute(client, built, plan, reporter):
     """Run the graph on the threaded scheduler (BLAS pinned to one thread meanwhile) or the client."""
     if client is None:
         watch = ThreadedProgress(reporter) if reporter else nullcontext()
-        with threadpool_limits(limits=1, user_api="blas"), watch:
-            return dask.compute(built, scheduler="threads", num_workers=plan.workers)[0]
+        try:
+            with threadpool_limits(limits=1, user_api="blas"), watch:
+                return dask.compute(built, scheduler="threads", num_workers=plan.workers)[0]
+        finally:
+            graph.release_scratch()
     future = client.compute(built)
     wait_distributed(client, [future], reporter)
     return future.result()

@@ -14,6 +14,7 @@ states travels between workers; the query block and its positives are computed o
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from functools import reduce
 
@@ -29,6 +30,7 @@ from .state import RankState
 from .store import FeatureSet, read_ids, read_rows
 
 MERGE_FAN_IN = 8
+QUERY_SUB_BLOCK = 512  # query rows per GEMM inside a task: 512 x 4096 float32 dot products = 8 MiB
 
 
 @dataclass(frozen=True)
@@ -91,18 +93,48 @@ def collect_positives(n_queries: int, *parts) -> Positives:
     return Positives.from_pairs(n_queries, qrows, gidx, dist, sum(part[3] for part in parts))
 
 
-def _dots(gallery: FeatureSet, start: int, stop: int, queries: Rows, scoring: Scoring):
-    chunk = load_rows(gallery, start, stop, scoring)
-    return chunk, queries.features @ chunk.features.T
+_scratch: dict[int, np.ndarray] = {}  # thread id -> dot-product block buffer
+
+
+def _dot_block(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b.T into a per-thread buffer reused across tasks: a fresh block of this size would cost
+    page faults on every task (about as much as the GEMM itself at small D)."""
+    size = a.shape[0] * b.shape[0]
+    buffer = _scratch.get(threading.get_ident())
+    if buffer is None or buffer.dtype != a.dtype or buffer.size < size:
+        buffer = _scratch[threading.get_ident()] = np.empty(size, dtype=a.dtype)
+    out = buffer[:size].reshape(a.shape[0], b.shape[0])
+    np.matmul(a, b.T, out=out)
+    return out
+
+
+def release_scratch() -> None:
+    """Drop the block buffers (the threaded scheduler's threads outlive an evaluation)."""
+    _scratch.clear()
+
+
+def _sub_blocks(queries: Rows, chunk: Rows):
+    """(row slice, dot products) for consecutive QUERY_SUB_BLOCK-row slices of the query block.
+
+    A task's dot products are made a few MiB at a time, so the kernel reads them from cache and the
+    task's memory does not grow with the query block.
+    """
+    for first in range(0, queries.features.shape[0], QUERY_SUB_BLOCK):
+        rows = slice(first, first + QUERY_SUB_BLOCK)
+        yield rows, _dot_block(queries.features[rows], chunk.features)
 
 
 def block_range(gallery: FeatureSet, start: int, stop: int, queries: Rows, scoring: Scoring) -> DistanceRange:
     """Min and max distance between the query block and gallery rows [start, stop)."""
-    chunk, dots = _dots(gallery, start, stop, queries, scoring)
-    return DistanceRange(*kernels.distance_range(
-        dots, queries.features, chunk.features, queries.terms, chunk.terms, queries.norms, chunk.norms,
-        scoring.metric, scoring.dot_bound,
-    ))
+    chunk = load_rows(gallery, start, stop, scoring)
+    ranges = [
+        DistanceRange(*kernels.distance_range(
+            dots, queries.features[rows], chunk.features, queries.terms[rows], chunk.terms, queries.norms[rows],
+            chunk.norms, scoring.metric, scoring.dot_bound,
+        ))
+        for rows, dots in _sub_blocks(queries, chunk)
+    ]
+    return reduce(DistanceRange.merge, ranges)
 
 
 def positives_range(positives: Positives) -> DistanceRange:
@@ -118,14 +150,15 @@ def score_chunk(gallery: FeatureSet, start: int, stop: int, queries: Rows, posit
     gom = scoring.gom
     n_bins = gom.bins if gom else 1
     state = RankState.empty(positives.dist.shape[0], len(queries.pids), n_bins + 2 if gom else 0)
-    chunk, dots = _dots(gallery, start, stop, queries, scoring)
-    kernels.score_block(
-        dots, queries.features, chunk.features, queries.terms, chunk.terms, queries.norms, chunk.norms,
-        scoring.metric, scoring.dot_bound, scoring.bin_bound, queries.pids, chunk.pids,
-        scoring.protocol.junk_mask(chunk.pids), start,
-        positives.offsets, positives.dist, positives.gidx, state.neg_slots,
-        gom is not None, norm.mode, norm.lo, norm.span, n_bins, state.neg_hist,
-    )
+    chunk = load_rows(gallery, start, stop, scoring)
+    junk = scoring.protocol.junk_mask(chunk.pids)
+    for rows, dots in _sub_blocks(queries, chunk):
+        kernels.score_block(
+            dots, queries.features[rows], chunk.features, queries.terms[rows], chunk.terms, queries.norms[rows],
+            chunk.norms, scoring.metric, scoring.dot_bound, scoring.bin_bound, queries.pids[rows], chunk.pids, junk,
+            start, positives.offsets[rows.start:rows.stop + 1], positives.dist, positives.gidx, state.neg_slots,
+            gom is not None, norm.mode, norm.lo, norm.span, n_bins, state.neg_hist[rows],
+        )
     return state
 
 

@@ -199,9 +199,7 @@ def score_block(dots, qf, gf, qa, ga, qn, gn, metric, c_dot, c_bins, q_pid, g_pi
     """
     nq, ng = dots.shape
     dist = np.empty(ng, dtype=np.float64)
-    bin_low = np.empty(ng, dtype=np.int64)
-    bin_high = np.empty(ng, dtype=np.int64)
-    negative = np.empty(ng, dtype=np.int64)
+    bins = np.empty(ng, dtype=np.int64)
     gn_max = gn.max() if ng else 0.0
     for i in range(nq):
         qp = q_pid[i]
@@ -209,32 +207,57 @@ def score_block(dots, qf, gf, qa, ga, qn, gn, metric, c_dot, c_bins, q_pid, g_pi
         qni = qn[i]
         for j in range(ng):
             dist[j] = pair_distance(dots[i, j], qai, ga[j], metric)
-            negative[j] = np.int64((g_pid[j] != qp) & (g_junk[j] == 0))
         if with_gom:
+            _threshold_bins(dist, qf, gf, i, qai, ga, qni, gn, metric, c_bins, norm_mode, lo, span, n_bins, bins)
             for j in range(ng):
-                w = distance_window(dist[j], qni, gn[j], metric, c_bins) if c_bins > 0.0 else 0.0
-                bin_low[j] = threshold_bin(normalise(dist[j] - w, norm_mode, lo, span), n_bins)
-                bin_high[j] = threshold_bin(normalise(dist[j] + w, norm_mode, lo, span), n_bins)
-            for j in range(ng):
-                k = bin_low[j]
-                if k != bin_high[j]:
-                    k = threshold_bin(normalise(canonical_distance(qf, gf, i, j, qai, ga[j], metric), norm_mode, lo, span), n_bins)
-                neg_hist[i, k] += negative[j]
+                neg_hist[i, bins[j]] += (g_pid[j] != qp) & (g_junk[j] == 0)
         lo_pos = pos_off[i]
         hi_pos = pos_off[i + 1]
         if hi_pos == lo_pos:
             continue
-        d_last = pos_d[hi_pos - 1]
-        reach = d_last + distance_window(0.0, qni, gn_max, metric, c_dot)  # no window is wider
+        reach = pos_d[hi_pos - 1] + distance_window(0.0, qni, gn_max, metric, c_dot)  # no window is wider
         for j in range(ng):
-            if negative[j] & (dist[j] <= reach):
-                g = g_start + j
-                w = distance_window(dist[j], qni, gn[j], metric, c_dot)
-                slot = _positives_before(pos_d, pos_g, lo_pos, hi_pos, dist[j] - w, g)
-                if slot != _positives_before(pos_d, pos_g, lo_pos, hi_pos, dist[j] + w, g):
-                    slot = _positives_before(pos_d, pos_g, lo_pos, hi_pos, canonical_distance(qf, gf, i, j, qai, ga[j], metric), g)
-                if slot < hi_pos - lo_pos:
-                    neg_slots[lo_pos + slot] += 1
+            if dist[j] <= reach:  # rare: negatives past the last positive change no rank
+                if (g_pid[j] != qp) & (g_junk[j] == 0):
+                    g = g_start + j
+                    w = distance_window(dist[j], qni, gn[j], metric, c_dot)
+                    slot = _positives_before(pos_d, pos_g, lo_pos, hi_pos, dist[j] - w, g)
+                    if slot != _positives_before(pos_d, pos_g, lo_pos, hi_pos, dist[j] + w, g):
+                        exact = canonical_distance(qf, gf, i, j, qai, ga[j], metric)
+                        slot = _positives_before(pos_d, pos_g, lo_pos, hi_pos, exact, g)
+                    if slot < hi_pos - lo_pos:
+                        neg_slots[lo_pos + slot] += 1
+
+
+@_inline
+def _threshold_bins(dist, qf, gf, i, qai, ga, qni, gn, metric, c_bins, norm_mode, lo, span, n_bins, bins):
+    """bins[j]: the GOM threshold that first returns gallery item j of row i."""
+    ng = dist.shape[0]
+    if c_bins == 0.0:
+        for j in range(ng):
+            bins[j] = threshold_bin(normalise(dist[j], norm_mode, lo, span), n_bins)
+        return
+    for j in range(ng):
+        w = distance_window(dist[j], qni, gn[j], metric, c_bins)
+        k = threshold_bin(normalise(dist[j] - w, norm_mode, lo, span), n_bins)
+        if k != threshold_bin(normalise(dist[j] + w, norm_mode, lo, span), n_bins):
+            exact = canonical_distance(qf, gf, i, j, qai, ga[j], metric)
+            k = threshold_bin(normalise(exact, norm_mode, lo, span), n_bins)
+        bins[j] = k
+
+
+@nb.njit(nogil=True, cache=True, fastmath={"nnan", "ninf", "nsz"})
+def _row_extremes(dots, qa, ga, metric, row_low, row_high):
+    """Per-row min and max fast distance (finite values only: the flags let the reductions vectorise)."""
+    for i in range(dots.shape[0]):
+        low = np.inf
+        high = -np.inf
+        for j in range(dots.shape[1]):
+            d = pair_distance(dots[i, j], qa[i], ga[j], metric)
+            low = min(low, d)
+            high = max(high, d)
+        row_low[i] = low
+        row_high[i] = high
 
 
 @_jit
@@ -242,25 +265,32 @@ def distance_range(dots, qf, gf, qa, ga, qn, gn, metric, c_dot):
     """Canonical (min, max) distance over a block: the first GOM pass of ``minmax`` normalisation.
 
     The extremes are found on fast distances, then settled canonically among the pairs within two
-    windows of them (``reach``: no pair's window is wider).
+    windows of them (``reach``: no pair's window is wider), visiting only rows that reach them.
     """
     nq, ng = dots.shape
-    fast_low = np.inf
-    fast_high = -np.inf
+    if nq == 0 or ng == 0:
+        return np.inf, -np.inf
+    row_low = np.empty(nq)
+    row_high = np.empty(nq)
+    # sqrt is monotone and correctly rounded: extremes of squared distances give the euclidean ones
+    _row_extremes(dots, qa, ga, SQEUCLIDEAN if metric == EUCLIDEAN else metric, row_low, row_high)
+    if metric == EUCLIDEAN:
+        row_low = np.sqrt(row_low)
+        row_high = np.sqrt(row_high)
+    gn_max = gn.max()
     reach = 0.0
-    gn_max = gn.max() if ng else 0.0
     for i in range(nq):
         reach = max(reach, distance_window(0.0, qn[i], gn_max, metric, c_dot))
-        for j in range(ng):
-            d = pair_distance(dots[i, j], qa[i], ga[j], metric)
-            fast_low = min(fast_low, d)
-            fast_high = max(fast_high, d)
+    fast_low = row_low.min() + 2.0 * reach
+    fast_high = row_high.max() - 2.0 * reach
     low = np.inf
     high = -np.inf
     for i in range(nq):
+        if (row_low[i] > fast_low) & (row_high[i] < fast_high):
+            continue
         for j in range(ng):
             d = pair_distance(dots[i, j], qa[i], ga[j], metric)
-            if (d <= fast_low + 2.0 * reach) | (d >= fast_high - 2.0 * reach):
+            if (d <= fast_low) | (d >= fast_high):
                 exact = canonical_distance(qf, gf, i, j, qa[i], ga[j], metric)
                 low = min(low, exact)
                 high = max(high, exact)
