@@ -1,0 +1,838 @@
+#!/usr/bin/env python
+"""Benchmark streameval against the bare distance floor and the classic full-matrix evaluator.
+
+These methods are timed side by side on the same synthetic store (``streameval.synth``):
+
+  streameval  ``streameval.evaluate(store, metric=...)`` with default options: closed-set metrics and
+              GOM with ``minmax`` normalisation (two passes over the gallery).  The numba JIT is
+              warmed first on a tiny problem, so compile time is not counted.
+  se-fixed    the same with ``gom_norm="fixed:0:HI"`` (one pass; HI bounds every distance).
+  se-closed   the same with ``no_gom=True``: CMC, mAP, mINP only (one pass).
+  floor       the bare distance computation over the same blocks: the same chunk plan
+              (``streameval.plan.make_plan`` with evaluate's arguments), each gallery chunk read from
+              the store and upcast, the query-block x gallery-chunk GEMM (numpy, BLAS on all cores)
+              plus the norm combination (numpy, in cache-sized tiles, on all cores), the result
+              discarded.  No ranking: a lower bound for any exact evaluator that reads the store.
+  classic     what the common ReID codebases do (torchreid / fast-reid): load everything, compute the
+              full Nq x Ng float32 distance matrix (squared euclidean like torchreid's
+              ``euclidean_squared_distance``, or cosine), ``np.argsort(distmat, axis=1)``, then a
+              compiled (numba) per-query loop mirroring torchreid's Cython ``eval_market1501``.
+
+Each method runs in a fresh child process (``bench.py --_run METHOD ...``), so its peak RSS is its
+own.  Timings exclude process start, imports and JIT warm-up; the best of ``--repeat`` runs is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+METHODS = ("streameval", "se-fixed", "se-closed", "floor", "classic")
+VARIANTS = ("streameval", "se-fixed", "se-closed")
+DEFAULT_SIZES = ("3368x19732x2048", "10000x50000x256")
+SCALING_SIZES = ("10000x20000x256:2000", "10000x200000x256:2000", "10000x2000000x256:2000")  # gallery x1, x10, x100
+SCALING_METHODS = "streameval,se-fixed,se-closed,floor"  # the classic evaluator cannot hold 10,000 x 2,000,000
+KNOWN_IDS = {(3368, 19732, 2048): 750, (10000, 50000, 256): 2000}  # Market-1501's 750 test ids; ~5 queries/id
+AGREE_TOL = 1e-6
+PARAMS_SUFFIX = ".bench-params.json"
+
+
+# --------------------------------------------------------------------------------------------------
+# command line
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        prog="scripts/bench.py",
+        description=__doc__.split("\n\n")[0] + "\n\n" + "\n\n".join(__doc__.split("\n\n")[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "examples:\n"
+            "  .venv/bin/python scripts/bench.py                       # both default sizes, all methods\n"
+            "  .venv/bin/python scripts/bench.py --size 3368x19732x2048 --repeat 3\n"
+            "  .venv/bin/python scripts/bench.py --size 2000x20000x512:400 --methods streameval,floor\n"
+            "  .venv/bin/python scripts/bench.py --metric cosine --dtype float16 --json bench.json\n"
+            "  .venv/bin/python scripts/bench.py --scaling           # 10,000 queries x 20k / 200k / 2M gallery\n"
+            "\n"
+            "Stores are created under --workdir, named after their parameters, and reused when a\n"
+            "store with the same parameters is already there (a side file records them)."
+        ),
+    )
+    p.add_argument("--size", action="append", metavar="NQxNGxD[:IDS]",
+                   help="problem size: queries x gallery x feature dim, optionally ':IDS' identities; "
+                        "repeatable (default: %s)" % " and ".join(DEFAULT_SIZES))
+    p.add_argument("--ids", type=int, default=None,
+                   help="identities, for sizes given without ':IDS' (default: 750 for 3368x19732x2048, "
+                        "2000 for 10000x50000x256, else NQ // 5)")
+    p.add_argument("--cams", type=int, default=6, help="cameras (default: 6)")
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32",
+                   help="stored feature dtype (default: float32); every method computes in float32")
+    p.add_argument("--metric", choices=("euclidean", "sqeuclidean", "cosine"), default="euclidean",
+                   help="distance (default: euclidean).  The classic evaluator computes squared "
+                        "euclidean for both euclidean metrics, as torchreid does (same ranking)")
+    p.add_argument("--scaling", action="store_true",
+                   help="millions-scale mode: sizes %s with methods %s, and a table of time, pairs/s and "
+                        "peak RSS as the gallery grows 10x and 100x" % (", ".join(SCALING_SIZES), SCALING_METHODS))
+    p.add_argument("--methods", default=None,
+                   help="comma-separated subset of %s (default: all)" % ",".join(METHODS))
+    p.add_argument("--repeat", type=int, default=1, help="runs per method, best kept (default: 1)")
+    p.add_argument("--seed", type=int, default=0, help="synthesis seed (default: 0)")
+    p.add_argument("--junk-frac", type=float, default=0.0, help="gallery junk (pid -1) fraction (default: 0)")
+    p.add_argument("--distractor-frac", type=float, default=0.0,
+                   help="gallery distractor (pid 0) fraction (default: 0)")
+    p.add_argument("--open-query-frac", type=float, default=0.0,
+                   help="fraction of queries with no gallery identity (default: 0)")
+    p.add_argument("--chunk-rows", type=int, default=None,
+                   help="store chunk rows (default: synth's choice, ~8 MiB chunks)")
+    p.add_argument("--classic-sort-threads", type=int, default=1,
+                   help="threads for the classic argsort (default: 1, a single np.argsort call as "
+                        "torchreid/fast-reid do; >1 splits the rows over threads)")
+    p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "streameval-bench"),
+                   help="where stores are created and reused (default: %(default)s)")
+    p.add_argument("--json", metavar="OUT", default=None, help="also write the results as JSON to OUT")
+    # internal: one method in a child process
+    p.add_argument("--_run", choices=METHODS, help=argparse.SUPPRESS)
+    p.add_argument("--_store", help=argparse.SUPPRESS)
+    p.add_argument("--_out", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args._run is None:
+        if args.scaling:
+            args.size = args.size or list(SCALING_SIZES)
+            args.methods = args.methods or SCALING_METHODS
+        args.methods = [m.strip() for m in (args.methods or ",".join(METHODS)).split(",") if m.strip()]
+        bad = [m for m in args.methods if m not in METHODS]
+        if bad or not args.methods:
+            p.error(f"--methods: unknown {', '.join(bad) or '(empty)'}; choose from {', '.join(METHODS)}")
+        try:
+            args.sizes = [parse_size(s, args.ids) for s in (args.size or DEFAULT_SIZES)]
+        except ValueError as exc:
+            p.error(str(exc))
+        if args.repeat < 1:
+            p.error("--repeat must be at least 1")
+        if args.classic_sort_threads < 1:
+            p.error("--classic-sort-threads must be at least 1")
+    return args
+
+
+def parse_size(text: str, ids_flag: int | None):
+    """'NQxNGxD' or 'NQxNGxD:IDS' -> (nq, ng, dim, ids)."""
+    shape, _, ids = text.partition(":")
+    try:
+        nq, ng, dim = (int(v) for v in shape.lower().split("x"))
+        if ids:
+            ids = int(ids)
+        elif ids_flag is not None:
+            ids = ids_flag
+        else:
+            ids = KNOWN_IDS.get((nq, ng, dim), max(1, nq // 5))
+    except ValueError:
+        raise ValueError(f"cannot read a size from {text!r}; expected NQxNGxD or NQxNGxD:IDS, e.g. 3368x19732x2048:750")
+    if min(nq, ng, dim, ids) < 1:
+        raise ValueError(f"size {text!r}: every number must be positive")
+    return nq, ng, dim, ids
+
+
+# --------------------------------------------------------------------------------------------------
+# measurements shared by the children
+
+
+def _proc_status() -> dict:
+    try:
+        with open("/proc/self/status") as fh:
+            return {k: v.strip() for k, _, v in (line.partition(":") for line in fh)}
+    except OSError:
+        return {}
+
+
+def rss_mb() -> float | None:
+    kb = _proc_status().get("VmRSS")
+    return int(kb.split()[0]) / 1024 if kb else None
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS mark (VmHWM) to the current RSS (Linux >= 4.0)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mb() -> float:
+    """Peak RSS: VmHWM (since the last reset) if available, else ru_maxrss (whole process life)."""
+    kb = _proc_status().get("VmHWM")
+    if kb:
+        return int(kb.split()[0]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform != "darwin" else 1 << 20)
+
+
+def lifetime_maxrss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform != "darwin" else 1 << 20)
+
+
+def timed_runs(fn, repeat: int) -> dict:
+    """Run ``fn`` ``repeat`` times; best wall time, peak RSS over the timed runs, last result."""
+    base = rss_mb()
+    peak_reset = reset_peak_rss()
+    times, details, out = [], [], None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out, detail = fn()
+        times.append(time.perf_counter() - t0)
+        details.append(detail)
+    best = min(range(repeat), key=times.__getitem__)
+    return {
+        "time_s": times[best], "times_s": times, "detail": details[best], "result": out,
+        "base_rss_mb": base, "peak_rss_mb": peak_rss_mb(), "peak_rss_scope": "timed runs" if peak_reset else "process",
+        "lifetime_maxrss_mb": lifetime_maxrss_mb(),
+    }
+
+
+class Combiner:
+    """In-place norm combination of a block of GEMM output, on all cores, in cache-sized row tiles.
+
+    ``dist`` holds ``-2 q.g`` (euclidean metrics) or ``-q.g / (|q||g|)`` (cosine); afterwards it holds
+    the distances: ``max(|q|^2 + |g|^2 - 2 q.g, 0)`` (sqrt of it for euclidean) or ``1 - cos``.
+    numpy ufuncs release the GIL, so the row ranges run in parallel threads.
+    """
+
+    TILE_BYTES = 256 << 10
+
+    def __init__(self, metric: str, threads: int | None = None):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.metric = metric
+        self.threads = threads or os.cpu_count() or 1
+        self.pool = ThreadPoolExecutor(self.threads)
+        list(self.pool.map(abs, range(self.threads)))  # start the threads
+
+    def __call__(self, dist, qn, gn) -> None:
+        import numpy as np
+
+        n = dist.shape[0]
+        tile = max(1, self.TILE_BYTES // (dist.itemsize * max(1, dist.shape[1])))
+        bounds = np.linspace(0, n, self.threads + 1).astype(int)
+        list(self.pool.map(lambda i: self._rows(dist, qn, gn, bounds[i], bounds[i + 1], tile), range(self.threads)))
+
+    def _rows(self, dist, qn, gn, r0, r1, tile):
+        import numpy as np
+
+        for a in range(r0, r1, tile):
+            d = dist[a:min(a + tile, r1)]
+            if self.metric == "cosine":
+                d += 1.0
+            else:
+                d += qn[a:a + d.shape[0]]
+                d += gn
+                np.maximum(d, 0.0, out=d)
+                if self.metric == "euclidean":
+                    np.sqrt(d, out=d)
+
+
+# --------------------------------------------------------------------------------------------------
+# (a) streameval
+
+
+def _variant_options(variant: str, store_path: str, metric: str) -> dict:
+    """evaluate() options of a streameval variant; se-fixed's HI bounds every distance (from norms)."""
+    if variant == "se-closed":
+        return {"no_gom": True}
+    if variant == "se-fixed":
+        import numpy as np
+
+        from streameval.store import open_store
+
+        store = open_store(store_path)
+        top = max(float(np.sqrt((fs.features[:].astype(np.float32) ** 2).sum(1)).max()) for fs in (store.query, store.gallery))
+        hi = {"cosine": 2.0, "euclidean": 2 * top, "sqeuclidean": 4 * top * top}[metric]
+        return {"gom_norm": f"fixed:0:{hi:.6g}"}
+    return {}
+
+
+def run_streameval(args) -> dict:
+    import numpy as np
+
+    import streameval
+
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(1)
+    nq, ng, d = 40, 600, 32
+    tiny = {
+        "qf": rng.standard_normal((nq, d), dtype=np.float32), "q_pids": rng.integers(1, 20, nq),
+        "q_camids": rng.integers(0, 3, nq), "gf": rng.standard_normal((ng, d), dtype=np.float32),
+        "g_pids": rng.integers(1, 20, ng), "g_camids": rng.integers(0, 3, ng),
+    }
+    streameval.evaluate(tiny, metric=args.metric)
+    warm = time.perf_counter() - t0
+
+    options = _variant_options(args._run, args._store, args.metric)
+
+    def once():
+        res = streameval.evaluate(args._store, metric=args.metric, **options)
+        return res, None
+
+    out = timed_runs(once, args.repeat)
+    res = out.pop("result")
+    out["warmup"] = f"numba JIT warmed on a {nq}x{ng}x{d} problem ({warm:.1f} s, not timed); options {options or 'default'}"
+    out["warmup_s"] = warm
+    out["metrics"] = _metrics(res.mAP, res.rank(1), res.mINP, res.n_valid_queries)
+    out["plan"] = {k: res.run[k] for k in ("query_block", "gallery_chunk", "workers")}
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# (b) the floor: bare distances over evaluate's blocks
+
+
+def run_floor(args) -> dict:
+    import numpy as np
+
+    from streameval.plan import DEFAULT_MEMORY_BUDGET, make_plan
+    from streameval.store import open_store
+
+    dtype = np.dtype("float32")  # evaluate's default precision
+    store = open_store(args._store)
+    q_fs, g_fs = store.query, store.gallery
+    workers = os.cpu_count() or 1  # what evaluate uses without a distributed client
+    plan = make_plan(len(q_fs), len(g_fs), store.dim, dtype.itemsize, g_fs.features.dtype.itemsize,
+                     g_fs.chunk_rows, workers, DEFAULT_MEMORY_BUDGET, None, None)
+    cosine = args.metric == "cosine"
+
+    t0 = time.perf_counter()
+    a = np.ones((256, 256), dtype)
+    _ = a @ a  # start the BLAS threads
+    combine = Combiner(args.metric)
+    warm = time.perf_counter() - t0
+
+    def once():
+        t_read = t_gemm = t_comb = 0.0
+        buf = np.empty(plan.query_block * plan.gallery_chunk, dtype=dtype)  # reused output of the GEMMs
+        for qa, qb in plan.query_ranges(len(q_fs)):
+            t = time.perf_counter()
+            q = np.ascontiguousarray(q_fs.features[qa:qb], dtype=dtype)
+            t_read += time.perf_counter() - t
+            t = time.perf_counter()
+            qn = None
+            if cosine:
+                lhs = -(q / np.sqrt(np.einsum("ij,ij->i", q, q))[:, None])
+            else:
+                qn = np.einsum("ij,ij->i", q, q)[:, None]
+                lhs = -2.0 * q  # fold the -2 into the query block (exact: a power of two)
+            t_comb += time.perf_counter() - t
+            for ga, gb in plan.gallery_ranges(len(g_fs)):
+                t = time.perf_counter()
+                g = np.ascontiguousarray(g_fs.features[ga:gb], dtype=dtype)
+                t_read += time.perf_counter() - t
+                t = time.perf_counter()
+                gn = None
+                if cosine:
+                    g = g / np.sqrt(np.einsum("ij,ij->i", g, g))[:, None]
+                else:
+                    gn = np.einsum("ij,ij->i", g, g)
+                t_comb += time.perf_counter() - t
+                t = time.perf_counter()
+                dist = buf[:(qb - qa) * (gb - ga)].reshape(qb - qa, gb - ga)
+                np.matmul(lhs, g.T, out=dist)
+                t_gemm += time.perf_counter() - t
+                t = time.perf_counter()
+                combine(dist, qn, gn)
+                t_comb += time.perf_counter() - t
+        return None, {"read+upcast": t_read, "gemm": t_gemm, "norms+combine": t_comb}
+
+    out = timed_runs(once, args.repeat)
+    out.pop("result")
+    out["warmup"] = f"BLAS and combine threads started ({warm:.2f} s, not timed)"
+    out["warmup_s"] = warm
+    out["plan"] = {"query_block": plan.query_block, "gallery_chunk": plan.gallery_chunk, "workers": plan.workers}
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# (c) the classic full-matrix evaluator
+
+
+def _classic_kernel():
+    import numba as nb
+    import numpy as np
+
+    @nb.njit(parallel=True, nogil=True)
+    def eval_market1501(indices, q_pids, q_camids, g_pids, g_camids, g_junk, ap, inp, first_hit):
+        """torchreid's Cython ``eval_market1501`` per query, as a numba prange loop.
+
+        For each query: walk the sorted gallery, drop junk pids and same-pid same-camera items,
+        build the match vector of what is kept, then one cumulative pass gives the first hit (CMC),
+        AP = mean of the precision at each hit, and INP = hits / rank of the last hit.
+        """
+        nq, ng = indices.shape
+        for q in nb.prange(nq):
+            qp = q_pids[q]
+            qc = q_camids[q]
+            order = indices[q]
+            matches = np.empty(ng, dtype=np.uint8)
+            kept = 0
+            for k in range(ng):
+                g = order[k]
+                gp = g_pids[g]
+                if g_junk[g] != 0 or (gp == qp and g_camids[g] == qc):
+                    continue
+                matches[kept] = 1 if gp == qp else 0
+                kept += 1
+            hits = 0
+            ap_sum = 0.0
+            first = -1
+            last = 0
+            for k in range(kept):  # cumsum of the match vector
+                if matches[k]:
+                    hits += 1
+                    ap_sum += hits / (k + 1.0)
+                    if first < 0:
+                        first = k + 1
+                    last = k + 1
+            if hits == 0:  # query identity not in the gallery: skipped (open-set query)
+                first_hit[q] = -1
+                ap[q] = np.nan
+                inp[q] = np.nan
+            else:
+                first_hit[q] = first
+                ap[q] = ap_sum / hits
+                inp[q] = hits / last
+    return eval_market1501
+
+
+def run_classic(args) -> dict:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    from streameval.store import open_store
+
+    kernel = _classic_kernel()
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(1)
+    idx = np.argsort(rng.random((8, 64), dtype=np.float32), axis=1)
+    ids = lambda n, hi: rng.integers(0, hi, n).astype(np.int64)  # noqa: E731
+    kernel(idx, ids(8, 5), ids(8, 3), ids(64, 5), ids(64, 3), np.zeros(64, np.uint8),
+           np.empty(8), np.empty(8), np.empty(8, np.int64))
+    a = np.ones((256, 256), np.float32)
+    _ = a @ a
+    combine = Combiner("sqeuclidean" if args.metric == "euclidean" else args.metric)
+    warm = time.perf_counter() - t0
+    store = open_store(args._store)
+    junk_pids = np.array([-1], dtype=np.int64)  # streameval's default junk_pids
+    threads = args.classic_sort_threads
+
+    def argsort_rows(distmat):
+        if threads == 1:
+            return np.argsort(distmat, axis=1)
+        indices = np.empty(distmat.shape, dtype=np.intp)
+        bounds = np.linspace(0, distmat.shape[0], threads + 1).astype(int)
+
+        def part(i):
+            indices[bounds[i]:bounds[i + 1]] = np.argsort(distmat[bounds[i]:bounds[i + 1]], axis=1)
+
+        with ThreadPoolExecutor(threads) as ex:
+            list(ex.map(part, range(threads)))
+        return indices
+
+    def once():
+        t = time.perf_counter()
+        qf = np.asarray(store.query.features[:], dtype=np.float32)
+        gf = np.asarray(store.gallery.features[:], dtype=np.float32)
+        q_pids = np.asarray(store.query.pids[:], dtype=np.int64)
+        q_camids = np.asarray(store.query.camids[:], dtype=np.int64)
+        g_pids = np.asarray(store.gallery.pids[:], dtype=np.int64)
+        g_camids = np.asarray(store.gallery.camids[:], dtype=np.int64)
+        t_load = time.perf_counter() - t
+
+        t = time.perf_counter()
+        # torchreid: euclidean_squared_distance = |q|^2 + |g|^2 - 2 q g^T (addmm_), cosine_distance =
+        # 1 - normalize(q) normalize(g)^T.  Here: one float32 GEMM on all cores with the -2 folded
+        # into q, then the norms added in place, in cache-sized tiles on all cores.
+        if args.metric == "cosine":
+            qn, gn = None, None
+            lhs = -(qf / np.linalg.norm(qf, axis=1, keepdims=True))
+            rhs = gf / np.linalg.norm(gf, axis=1, keepdims=True)
+        else:
+            qn = np.einsum("ij,ij->i", qf, qf)[:, None]
+            gn = np.einsum("ij,ij->i", gf, gf)
+            lhs, rhs = -2.0 * qf, gf
+        distmat = lhs @ rhs.T
+        combine(distmat, qn, gn)  # sqeuclidean here for both euclidean metrics (same ranking)
+        t_dist = time.perf_counter() - t
+
+        t = time.perf_counter()
+        indices = argsort_rows(distmat)
+        t_sort = time.perf_counter() - t
+
+        t = time.perf_counter()
+        nq = qf.shape[0]
+        ap, inp, first_hit = np.empty(nq), np.empty(nq), np.empty(nq, dtype=np.int64)
+        g_junk = np.isin(g_pids, junk_pids).astype(np.uint8)
+        kernel(indices, q_pids, q_camids, g_pids, g_camids, g_junk, ap, inp, first_hit)
+        valid = first_hit > 0
+        n_valid = int(valid.sum())
+        metrics = _metrics(float(ap[valid].mean()) if n_valid else None,
+                           float((first_hit[valid] == 1).mean()) if n_valid else None,
+                           float(inp[valid].mean()) if n_valid else None, n_valid)
+        t_eval = time.perf_counter() - t
+        del distmat, indices
+        return metrics, {"load": t_load, "distmat": t_dist, "argsort": t_sort, "eval loop": t_eval}
+
+    out = timed_runs(once, args.repeat)
+    out["metrics"] = out.pop("result")
+    out["warmup"] = f"numba eval loop compiled, BLAS started ({warm:.1f} s, not timed)"
+    out["warmup_s"] = warm
+    out["sort_threads"] = threads
+    return out
+
+
+def _metrics(mAP, rank1, mINP, n_valid) -> dict:
+    return {"mAP": mAP, "rank1": rank1, "mINP": mINP, "n_valid_queries": int(n_valid)}
+
+
+def child_main(args) -> int:
+    t0 = time.perf_counter()
+    runners = {"floor": run_floor, "classic": run_classic, **{variant: run_streameval for variant in VARIANTS}}
+    out = runners[args._run](args)
+    out["child_total_s"] = time.perf_counter() - t0
+    with open(args._out, "w") as fh:
+        json.dump(out, fh)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# parent: stores, children, table
+
+
+def synth_fingerprint() -> str:
+    """Hash of streameval/synth.py: a store made by a different generator is not reused."""
+    import hashlib
+
+    import streameval.synth
+
+    with open(streameval.synth.__file__, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()[:16]
+
+
+def store_params(args, size) -> dict:
+    nq, ng, dim, ids = size
+    return {
+        "n_query": nq, "n_gallery": ng, "dim": dim, "n_ids": ids, "n_cams": args.cams, "seed": args.seed,
+        "junk_frac": args.junk_frac, "distractor_frac": args.distractor_frac,
+        "open_query_frac": args.open_query_frac, "dtype": args.dtype, "chunk_rows": args.chunk_rows,
+    }
+
+
+def store_name(params: dict) -> str:
+    name = (f"synth_{params['n_query']}x{params['n_gallery']}x{params['dim']}_ids{params['n_ids']}"
+            f"_cams{params['n_cams']}_{params['dtype']}_seed{params['seed']}")
+    for key, tag in (("junk_frac", "junk"), ("distractor_frac", "distr"), ("open_query_frac", "open")):
+        if params[key]:
+            name += f"_{tag}{params[key]:g}"
+    if params["chunk_rows"]:
+        name += f"_rows{params['chunk_rows']}"
+    return name + ".zarr"
+
+
+def ensure_store(args, size) -> tuple[str, str]:
+    """The store for this size under --workdir: reused if its recorded parameters match."""
+    from streameval.errors import StoreError
+    from streameval.store import open_store
+
+    try:
+        from streameval.synth import synthesize
+    except ImportError as exc:
+        sys.exit(f"bench: cannot import streameval.synth ({exc}); it is needed to create the store")
+    params = store_params(args, size)
+    path = os.path.join(args.workdir, store_name(params))
+    marker = path + PARAMS_SUFFIX
+    recorded = dict(params, synth_sha256=synth_fingerprint())
+    if os.path.exists(path) and os.path.exists(marker):
+        try:
+            with open(marker) as fh:
+                same = json.load(fh) == recorded
+            store = open_store(path)
+            same = same and (len(store.query), len(store.gallery), store.dim) == size[:3]
+        except (OSError, ValueError, StoreError):
+            same = False
+        if same:
+            return path, "reused"
+    os.makedirs(args.workdir, exist_ok=True)
+    if os.path.exists(marker):
+        os.remove(marker)
+    t = time.perf_counter()
+    synthesize(path, default_metric="euclidean", overwrite=True, progress=sys.stderr.isatty(), **params)
+    with open(marker, "w") as fh:
+        json.dump(recorded, fh)
+    return path, f"created in {time.perf_counter() - t:.1f} s"
+
+
+def warm_page_cache(path: str) -> float:
+    """Read every file of the store once so every method starts from the same (warm) page cache."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as fh:
+                while chunk := fh.read(1 << 24):
+                    total += len(chunk)
+    return total / 2**20
+
+
+def run_child(args, method: str, store_path: str) -> dict:
+    fd, out_path = tempfile.mkstemp(prefix=f"bench-{method}-", suffix=".json", dir=args.workdir)
+    os.close(fd)
+    cmd = [sys.executable, os.path.abspath(__file__), "--_run", method, "--_store", store_path, "--_out", out_path,
+           "--metric", args.metric, "--repeat", str(args.repeat),
+           "--classic-sort-threads", str(args.classic_sort_threads)]
+    t = time.perf_counter()
+    busy0, cpu0 = _cpu_busy_s(), _children_cpu_s()
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            sys.stderr.write(proc.stdout + proc.stderr)
+            return {"error": f"child exited with {proc.returncode}"}
+        with open(out_path) as fh:
+            out = json.load(fh)
+    finally:
+        os.remove(out_path)
+    out["process_s"] = time.perf_counter() - t
+    if busy0 is not None:
+        busy1 = _cpu_busy_s()
+        # CPU time of everything else on the machine while the child ran, in cores on average
+        out["others_cores"] = max(0.0, (busy1 - busy0) - (_children_cpu_s() - cpu0)) / out["process_s"]
+    return out
+
+
+def _cpu_busy_s() -> float | None:
+    """Non-idle CPU seconds of the whole machine since boot (Linux /proc/stat), else None."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = [int(v) for v in fh.readline().split()[1:8]]
+        return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return None
+
+
+def _children_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def machine_facts() -> dict:
+    import numpy as np
+    import threadpoolctl
+
+    blas = [
+        {k: info.get(k) for k in ("internal_api", "version", "num_threads", "architecture", "threading_layer")}
+        for info in threadpoolctl.threadpool_info() if info.get("user_api") == "blas"
+    ]
+    versions = {"python": platform.python_version(), "numpy": np.__version__}
+    for mod in ("numba", "dask", "zarr", "streameval"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception:  # pragma: no cover - just a report
+            versions[mod] = None
+    env = {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                                      "MKL_NUM_THREADS", "NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER")
+           if k in os.environ}
+    return {"cpus": os.cpu_count(), "streameval_source": _source_state(), "machine": platform.machine(), "processor": _cpu_model(),
+            "mem_gb": _mem_gb(), "blas": blas, "versions": versions, "env": env,
+            "loadavg_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+
+
+def _source_state() -> str | None:
+    """Which streameval code ran: git commit and uncommitted changes under streameval/, if a checkout."""
+    import streameval
+
+    pkg = os.path.dirname(os.path.abspath(streameval.__file__))
+    try:
+        head = subprocess.run(["git", "-C", pkg, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", pkg, "status", "--porcelain", "--", "."], capture_output=True,
+                               text=True, check=True).stdout.split("\n")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    changed = sorted(line[3:].strip() for line in dirty if line.strip())
+    return f"git {head}" + (f" + uncommitted changes ({', '.join(changed)})" if changed else "")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _mem_gb() -> float | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def print_header(facts: dict, args) -> None:
+    blas = ", ".join(f"{b['internal_api']} {b['version']} ({b['architecture']}, {b['num_threads']} threads)"
+                     for b in facts["blas"]) or "unknown"
+    v = facts["versions"]
+    print(f"machine : {facts['cpus']} cpus ({facts['processor']}), "
+          f"{facts['mem_gb']:.0f} GB RAM" if facts["mem_gb"] else f"machine : {facts['cpus']} cpus")
+    print(f"BLAS    : {blas}")
+    print("versions: " + ", ".join(f"{k} {val}" for k, val in v.items())
+          + (f"; streameval source {facts['streameval_source']}" if facts["streameval_source"] else ""))
+    if "OPENBLAS_CORETYPE" in facts["env"]:
+        print(f"NOTE    : OPENBLAS_CORETYPE={facts['env']['OPENBLAS_CORETYPE']} is set: OpenBLAS kernels are "
+              f"forced to that core type (results may not reflect this CPU's best kernels)")
+    others = {k: val for k, val in facts["env"].items() if k != "OPENBLAS_CORETYPE"}
+    if others:
+        print("env     : " + ", ".join(f"{k}={val}" for k, val in others.items()))
+    load = facts["loadavg_at_start"]
+    if load:
+        print(f"load    : {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (1/5/15 min)"
+              + ("  WARNING: the machine is busy, timings will be noisy" if load[0] > 0.5 else ""))
+    print(f"options : metric={args.metric}, store dtype={args.dtype}, cams={args.cams}, seed={args.seed}, "
+          f"repeat={args.repeat} (best of), methods={','.join(args.methods)}, workdir={args.workdir}")
+    print("timing  : wall time of the evaluation only (no process start, imports or JIT warm-up), each method in a "
+          "fresh child process; peak RSS = the child's VmHWM over the timed run(s), base = its RSS before them")
+    print()
+
+
+def fmt(value, spec: str, missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def report_size(size, store_path, how, results: dict, args) -> dict:
+    nq, ng, dim, ids = size
+    print(f"=== {nq} x {ng} x {dim}  ({ids} ids, {args.cams} cams, {args.dtype} store, metric {args.metric}) ===")
+    print(f"store   : {store_path} ({how})")
+    floor = results.get("floor", {}).get("time_s")
+    classic = results.get("classic", {}).get("time_s")
+    rows = []
+    header = f"{'method':<12}{'time (s)':>10}{'peak RSS (MB)':>15}{'base RSS (MB)':>15}{'x floor':>9}{'vs classic':>12}"
+    print(header)
+    print("-" * len(header))
+    for method in METHODS:
+        if method not in results:
+            continue
+        r = results[method]
+        if "error" in r:
+            print(f"{method:<12}  FAILED: {r['error']}")
+            rows.append({"method": method, "error": r["error"]})
+            continue
+        t = r["time_s"]
+        x_floor = t / floor if floor else None
+        vs_classic = classic / t if classic else None
+        speedup = "-" if vs_classic is None else f"{vs_classic:.2f}x"
+        print(f"{method:<12}{t:>10.3f}{r['peak_rss_mb']:>15.0f}{fmt(r['base_rss_mb'], '.0f'):>15}"
+              f"{fmt(x_floor, '.2f'):>9}{speedup:>12}")
+        rows.append({"method": method, "time_s": t, "times_s": r["times_s"], "peak_rss_mb": r["peak_rss_mb"],
+                     "base_rss_mb": r["base_rss_mb"], "lifetime_maxrss_mb": r["lifetime_maxrss_mb"],
+                     "x_floor": x_floor, "speedup_vs_classic": vs_classic, "detail": r.get("detail"),
+                     "plan": r.get("plan"), "metrics": r.get("metrics"), "warmup": r.get("warmup"),
+                     "warmup_s": r.get("warmup_s"), "process_s": r.get("process_s"),
+                     "others_cores": r.get("others_cores")})
+    se = results.get("streameval", {})
+    if "time_s" in se and classic:
+        print(f"streameval speed-up over classic: {classic / se['time_s']:.2f}x")
+    closed = results.get("se-closed", {}).get("time_s")
+    if closed:
+        costs = [f"{name} {results[name]['time_s'] / closed:.2f}x" for name in ("se-fixed", "streameval")
+                 if "time_s" in results.get(name, {})]
+        if costs:
+            print("GOM cost relative to closed-set only: " + ", ".join(costs))
+    # details
+    for method in METHODS:
+        r = results.get(method)
+        if not r or "error" in r:
+            continue
+        bits = [r["warmup"]]
+        if r.get("plan"):
+            bits.append("plan query_block={query_block} gallery_chunk={gallery_chunk} workers={workers}".format(**r["plan"]))
+        if r.get("detail"):
+            bits.append("breakdown " + ", ".join(f"{k} {v:.3f}s" for k, v in r["detail"].items()))
+        if method == "classic":
+            bits.append(f"argsort threads {r['sort_threads']}")
+        if len(r["times_s"]) > 1:
+            bits.append("runs " + " ".join(f"{t:.3f}" for t in r["times_s"]))
+        if r.get("others_cores") is not None and r["others_cores"] >= 0.1:
+            bits.append(f"WARNING: other processes used {r['others_cores']:.1f} cores meanwhile")
+        print(f"  {method}: " + "; ".join(bits))
+    if "streameval" in results and "floor" in results and "plan" in se and "plan" in results["floor"]:
+        same = se["plan"] == results["floor"]["plan"]
+        print(f"  floor used streameval's chunk plan: {'yes' if same else 'NO (differs!)'}")
+    agreement = None
+    if "metrics" in se and "metrics" in results.get("classic", {}):
+        a, c = se["metrics"], results["classic"]["metrics"]
+        diffs = {k: (abs(a[k] - c[k]) if a[k] is not None and c[k] is not None else None) for k in ("mAP", "rank1", "mINP")}
+        ok = (a["n_valid_queries"] == c["n_valid_queries"]
+              and all(diffs[k] is not None and diffs[k] <= AGREE_TOL for k in ("mAP", "rank1")))
+        agreement = {"streameval": a, "classic": c, "abs_diff": diffs, "agree": ok, "tolerance": AGREE_TOL}
+        print(f"  agreement streameval vs classic: {'OK' if ok else 'DIFFER'} "
+              f"(mAP {fmt(a['mAP'], '.6f')} vs {fmt(c['mAP'], '.6f')}, |d|={fmt(diffs['mAP'], '.1e')}; "
+              f"rank-1 {fmt(a['rank1'], '.6f')} vs {fmt(c['rank1'], '.6f')}, |d|={fmt(diffs['rank1'], '.1e')}; "
+              f"mINP |d|={fmt(diffs['mINP'], '.1e')}; valid queries {a['n_valid_queries']} vs {c['n_valid_queries']}; "
+              f"tolerance {AGREE_TOL:g})")
+    print()
+    return {"size": {"n_query": nq, "n_gallery": ng, "dim": dim, "n_ids": ids}, "store": store_path,
+            "store_status": how, "rows": rows, "agreement": agreement}
+
+
+def print_scaling(sizes: list) -> None:
+    """One line per size: each method's time, M pairs/s and peak RSS, to see growth with the gallery."""
+    methods = [m for m in METHODS if any(r["method"] == m and "time_s" in r for size in sizes for r in size["rows"])]
+    print("=== scaling: time (s) / M pairs per s / peak RSS (MB) ===")
+    print(f"{'size':<22}" + "".join(f"{m:>26}" for m in methods))
+    for size in sizes:
+        dims = size["size"]
+        pairs = dims["n_query"] * dims["n_gallery"]
+        cells = []
+        for m in methods:
+            row = next((r for r in size["rows"] if r["method"] == m and "time_s" in r), None)
+            cells.append("-" if row is None else
+                         f"{row['time_s']:.1f} / {pairs / row['time_s'] / 1e6:.0f} / {row['peak_rss_mb']:.0f}")
+        print(f"{dims['n_query']}x{dims['n_gallery']}x{dims['dim']:<8}".ljust(22) + "".join(f"{c:>26}" for c in cells))
+    print()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args._run:
+        return child_main(args)
+    os.makedirs(args.workdir, exist_ok=True)
+    facts = machine_facts()
+    print_header(facts, args)
+    sys.stdout.flush()
+    out = {"machine": facts, "options": {k: getattr(args, k) for k in (
+        "metric", "dtype", "cams", "seed", "repeat", "methods", "junk_frac", "distractor_frac",
+        "open_query_frac", "chunk_rows", "classic_sort_threads", "workdir")}, "sizes": []}
+    for size in args.sizes:
+        path, how = ensure_store(args, size)
+        mb = warm_page_cache(path)
+        how += f", {mb:.0f} MB read once to warm the page cache"
+        results = {}
+        for method in args.methods:
+            results[method] = run_child(args, method, path)
+        out["sizes"].append(report_size(size, path, how, results, args))
+        sys.stdout.flush()
+    if len(out["sizes"]) > 1:
+        print_scaling(out["sizes"])
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=2)
+        print(f"results written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
