@@ -28,7 +28,7 @@ from numpy.lib import format as npy_format
 from . import plan
 from .errors import OptionError, StoreError
 from .evaluate import ARRAY_NAMES, pick_array
-from .store import FEATURE_DTYPES, METRICS, Store, check_batch, create_store, open_store, write_rows
+from .store import FEATURE_DTYPES, METRICS, Store, check_batch, commit_gallery, create_store, write_rows
 
 _READ_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError)
 
@@ -229,4 +229,4 @@ def _convert(zf, src, out, dtype, chunk_rows, default_metric, overwrite) -> Stor
     for fs in (store.query, store.gallery):
         for start, feats, pids, camids in _batches(members, fs.name, fs.chunk_rows):
             write_rows(fs, start, feats, pids, camids)
-    return open_store(out)
+    return commit_gallery(out)

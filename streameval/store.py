@@ -32,6 +32,7 @@ from zarr.core.sync import sync
 from .errors import StoreError
 
 SCHEMA_VERSION = 1
+COMMITTED_ATTR = "committed_gallery_rows"
 SETS = ("query", "gallery")
 FIELDS = ("features", "pids", "camids")
 FEATURE_DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
@@ -47,9 +48,10 @@ class FeatureSet:
     features: zarr.Array
     pids: zarr.Array
     camids: zarr.Array
+    rows: int  # committed rows: the arrays may hold an uncommitted tail left by an interrupted append
 
     def __len__(self) -> int:
-        return self.features.shape[0]
+        return self.rows
 
     @property
     def dim(self) -> int:
@@ -79,11 +81,12 @@ def _is_path(target) -> bool:
     return isinstance(target, (str, os.PathLike)) and "://" not in os.fspath(target)
 
 
-def open_store(target, mode: str = "r", storage_options: dict | None = None) -> Store:
+def open_store(target, mode: str = "r", storage_options: dict | None = None, _writing: bool = False) -> Store:
     """Open a store (a path, an fsspec URL with ``storage_options``, or a zarr store object) and
     check its structure.
 
-    Raises StoreError naming the first problem found.
+    Raises StoreError naming the first problem found.  (``_writing``: a store being filled by
+    ``create_store`` + ``write_rows``, whose gallery rows are not committed yet.)
     """
     path = os.fspath(target) if isinstance(target, (str, os.PathLike)) else repr(target)
     if _is_path(target) and not os.path.exists(path):
@@ -97,7 +100,9 @@ def open_store(target, mode: str = "r", storage_options: dict | None = None) -> 
         raise StoreError(
             f"'{path}' is not a streameval store of schema {SCHEMA_VERSION} (attribute streameval_schema={schema!r})"
         )
-    query, gallery = (_open_set(group, path, name) for name in SETS)
+    committed = None if _writing else group.attrs.get(COMMITTED_ATTR)
+    query = _open_set(group, path, "query", None)
+    gallery = _open_set(group, path, "gallery", committed)
     if query.dim != gallery.dim:
         raise StoreError(
             f"'{path}': query features have dimension {query.dim} but gallery features have {gallery.dim}"
@@ -108,7 +113,7 @@ def open_store(target, mode: str = "r", storage_options: dict | None = None) -> 
     return Store(path=path, query=query, gallery=gallery, default_metric=default_metric)
 
 
-def _open_set(group: zarr.Group, path: str, name: str) -> FeatureSet:
+def _open_set(group: zarr.Group, path: str, name: str, committed: int | None) -> FeatureSet:
     arrays = {}
     for field in FIELDS:
         key = f"{name}/{field}"
@@ -118,12 +123,15 @@ def _open_set(group: zarr.Group, path: str, name: str) -> FeatureSet:
             raise StoreError(f"'{path}' has no '{key}' array") from None
         if not isinstance(arrays[field], zarr.Array):
             raise StoreError(f"'{path}': '{key}' is a group, expected an array")
-    fs = FeatureSet(name=name, **arrays)
-    _check_set_structure(fs, path)
+    rows = arrays["features"].shape[0] if committed is None else int(committed)
+    fs = FeatureSet(name=name, rows=rows, **arrays)
+    _check_set_structure(fs, path, exact=committed is None)
     return fs
 
 
-def _check_set_structure(fs: FeatureSet, path: str) -> None:
+def _check_set_structure(fs: FeatureSet, path: str, exact: bool) -> None:
+    """``exact``: all three arrays have exactly ``rows`` rows; otherwise at least ``rows`` (the
+    gallery of an appendable store, which may carry an uncommitted tail)."""
     where = f"'{path}' {fs.name}"
     feats = fs.features
     if feats.ndim != 2:
@@ -139,15 +147,17 @@ def _check_set_structure(fs: FeatureSet, path: str) -> None:
         raise StoreError(f"{where}/pids has dtype {fs.pids.dtype}; expected int64")
     if fs.camids.dtype.kind not in "iu":
         raise StoreError(f"{where}/camids has dtype {fs.camids.dtype}; expected an integer type")
+    if not exact and feats.shape[0] < fs.rows:
+        raise StoreError(f"{where}: {fs.rows} rows are committed but features hold only {feats.shape[0]}")
     for field in ("pids", "camids"):
         arr = getattr(fs, field)
-        if arr.ndim != 1 or arr.shape[0] != feats.shape[0]:
+        if arr.ndim != 1 or (arr.shape[0] != feats.shape[0] if exact else arr.shape[0] < fs.rows):
             raise StoreError(
                 f"{where}: {field} has shape {arr.shape} but features have {feats.shape[0]} rows; "
                 "features, pids and camids must have one entry per image"
             )
-    if feats.shape[0] == 0:
-        raise StoreError(f"{where} set is empty")
+    if fs.rows == 0:
+        raise StoreError(f"{where} set is empty" + ("" if exact else " (no committed rows: was writing interrupted?)"))
 
 
 def check_batch(features, pids, camids, where: str, dim: int | None = None):
@@ -217,13 +227,21 @@ def create_store(
     if _is_path(target) and os.path.exists(target) and not overwrite:
         raise StoreError(f"'{os.fspath(target)}' already exists; pass --overwrite (overwrite=True) to replace it")
     group = zarr.open_group(target, mode="w")
-    group.attrs.update({"streameval_schema": SCHEMA_VERSION, "default_metric": default_metric})
+    group.attrs.update({"streameval_schema": SCHEMA_VERSION, "default_metric": default_metric, COMMITTED_ATTR: 0})
     for name, rows in (("query", n_query), ("gallery", n_gallery)):
         chunk = max(1, min(chunk_rows, rows))
         group.create_array(f"{name}/features", shape=(rows, dim), dtype=dtype, chunks=(chunk, dim), compressors=None)
         group.create_array(f"{name}/pids", shape=(rows,), dtype=np.int64, chunks=(chunk,))
         group.create_array(f"{name}/camids", shape=(rows,), dtype=np.int64, chunks=(chunk,))
-    return open_store(target, mode="r+")
+    return open_store(target, mode="r+", _writing=True)
+
+
+def commit_gallery(target) -> Store:
+    """Mark every gallery row written, the last step of creating or appending to a store: readers
+    see only committed rows, so an interrupted write never reads as a longer gallery."""
+    group = zarr.open_group(target, mode="r+")
+    group.attrs[COMMITTED_ATTR] = group["gallery/features"].shape[0]
+    return open_store(target)
 
 
 def write_rows(fs: FeatureSet, start: int, features, pids, camids) -> None:
@@ -271,20 +289,26 @@ def write_store(
         for start in range(0, len(rows[1]), fs.chunk_rows):
             stop = start + fs.chunk_rows
             write_rows(fs, start, rows[0][start:stop], rows[1][start:stop], rows[2][start:stop])
-    return store
+    return commit_gallery(target)
 
 
-def append_gallery(path, features, pids, camids) -> Store:
-    """Append rows to the gallery of an existing store and return the reopened store."""
-    store = open_store(path, mode="r+")
+def append_gallery(target, features, pids, camids) -> Store:
+    """Append rows to the gallery of an existing store and return the reopened store.
+
+    Data first, the committed row count last: interrupted anywhere, the store still reads as it was
+    (a half-written tail past the committed rows is ignored, and dropped by the next append).
+    """
+    store = open_store(target, mode="r+")
     fs = store.gallery
     features, pids, camids = check_batch(features, pids, camids, "appended gallery", fs.dim)
     start = len(fs)
     stop = start + features.shape[0]
     for arr in (fs.features, fs.pids, fs.camids):
         arr.resize((stop,) + arr.shape[1:])
-    write_rows(fs, start, features, pids, camids)
-    return open_store(path)
+    for first in range(0, features.shape[0], fs.chunk_rows):
+        last = first + fs.chunk_rows
+        write_rows(fs, start + first, features[first:last], pids[first:last], camids[first:last])
+    return commit_gallery(target)
 
 
 def _require_present(arr: zarr.Array) -> None:

@@ -256,4 +256,4 @@ def synthesize(
             stop = min(start + fs.chunk_rows, total)
             store_mod.write_rows(fs, start, *gen.rows(start, stop))
             bar.update(stop)
-    return store_mod.open_store(path)
+    return store_mod.commit_gallery(path)

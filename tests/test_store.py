@@ -134,6 +134,14 @@ def _empty_gallery(tmp):
     replace_array(path, "gallery/features", np.zeros((0, DIM), np.float32), chunks=(1, DIM))
     replace_array(path, "gallery/pids", np.zeros(0, np.int64), chunks=(1,))
     replace_array(path, "gallery/camids", np.zeros(0, np.int64), chunks=(1,))
+    zarr.open_group(path, mode="r+").attrs["committed_gallery_rows"] = 0
+    return path
+
+
+def _committed_beyond_data(tmp):
+    path = tmp / "s.zarr"
+    write(path)
+    zarr.open_group(path, mode="r+").attrs["committed_gallery_rows"] = 10**6
     return path
 
 
@@ -177,6 +185,7 @@ BROKEN = {
     "float camids": (
         _replaced("query/camids", lambda d: d["query_camids"].astype(np.float32)), r"camids has dtype float32; expected an integer"),
     "empty gallery": (_empty_gallery, r"gallery set is empty"),
+    "more rows committed than written": (_committed_beyond_data, r"1000000 rows are committed but features hold only"),
     "feature axis split across chunks": (_split_feature_axis, r"splitting the feature axis"),
     "unknown default metric": (_bad_default_metric, r"default_metric 'hamming' is not one of"),
 }
@@ -429,3 +438,30 @@ def test_real_process_exits_3_with_one_line(tmp_path, argv):
 def test_package_exports():
     for name in ("open_store", "write_store", "append_gallery", "validate_values", "create_store", "StoreError"):
         assert hasattr(streameval, name)
+
+
+def test_interrupted_append_leaves_the_store_as_it_was(tmp_path, monkeypatch):
+    """Data first, committed count last: a crash before the commit never lengthens the store."""
+    path = tmp_path / "s.zarr"
+    write(path)
+    before = evaluate(path, no_gom=True).to_dict(per_query=True)
+    n = len(open_store(path).gallery)
+    rng = np.random.default_rng(5)
+    extra = rng.standard_normal((7, DIM)).astype(np.float32)
+
+    def crash(target):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(streameval.store, "commit_gallery", crash)
+    with pytest.raises(KeyboardInterrupt):
+        append_gallery(path, extra, np.full(7, 999), np.zeros(7, np.int64))
+    monkeypatch.undo()
+    store = open_store(path)
+    assert len(store.gallery) == n and store.gallery.features.shape[0] == n + 7  # uncommitted tail
+    after = evaluate(path, no_gom=True).to_dict(per_query=True)
+    before.pop("run"), after.pop("run")
+    assert after == before
+    # the next append replaces the uncommitted tail
+    store = append_gallery(path, extra[:3], np.full(3, 5), np.zeros(3, np.int64))
+    assert len(store.gallery) == n + 3 and store.gallery.features.shape[0] == n + 3
+    np.testing.assert_array_equal(store.gallery.pids[n:n + 3], [5, 5, 5])
