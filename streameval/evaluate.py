@@ -1,11 +1,17 @@
-"""``evaluate``: options -> plan -> Dask graph -> metrics.  The one entry point of the engine."""
+"""``evaluate``: options -> plan -> Dask graph -> per-query state -> metrics.  The engine's entry point.
+
+The pieces are shared with incremental updates (``incremental.py``): :class:`Settings` (the
+options that decide the numbers), :func:`session` (where and in which chunks the graph runs) and
+:func:`make_result` (per-query state -> the reported metrics).
+"""
 
 from __future__ import annotations
 
 import os
 import time
 from collections.abc import Mapping
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 
 import dask
 import numpy as np
@@ -14,11 +20,12 @@ from threadpoolctl import threadpool_limits
 from . import graph, kernels, metrics
 from .cluster import CONNECT_TIMEOUT_S, ClusterOptions, connect
 from .errors import OptionError
-from .gom import CURVES, GomOptions
+from .gom import GomOptions, query_curves
 from .gom import summarize as summarize_gom
 from .plan import DEFAULT_MEMORY_BUDGET, make_plan, parse_bytes
 from .progress import Reporter, ThreadedProgress, wait_distributed
 from .protocol import Protocol
+from .state import Positives, QueryState, RankState
 from .store import Store, open_store, write_store
 
 PRECISIONS = ("float32", "float64")
@@ -30,6 +37,103 @@ ARRAY_NAMES = {  # accepted names for in-memory input, long form first
     "gallery_pids": ("gallery_pids", "g_pids"),
     "gallery_camids": ("gallery_camids", "g_camids"),
 }
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The validated options that decide the numbers (METRICS.md section 5)."""
+
+    metric: str
+    protocol: str
+    junk_pids: tuple
+    precision: str
+    max_rank: int
+    gom: GomOptions | None
+
+    @classmethod
+    def parse(cls, store: Store, metric=None, protocol="market", junk_pids=(-1,), max_rank=50, precision="float32",
+              no_gom=False, gom_norm="minmax", gom_bins=100, gom_b=3000, gom_vp="reference") -> "Settings":
+        metric = metric or store.default_metric
+        if metric not in kernels.METRIC_CODES:
+            raise OptionError(f"metric must be one of {', '.join(kernels.METRIC_CODES)}, got {metric!r}")
+        if precision not in PRECISIONS:
+            raise OptionError(f"precision must be float32 or float64, got {precision!r}")
+        if max_rank < 1:
+            raise OptionError(f"max_rank must be at least 1, got {max_rank}")
+        junk = tuple(int(p) for p in Protocol.from_options(protocol, junk_pids).junk_pids)
+        gom = None if no_gom else GomOptions.parse(gom_norm, gom_bins, gom_b, gom_vp)
+        return cls(metric, protocol, junk, precision, max_rank, gom)
+
+    def scoring(self, dim: int) -> graph.Scoring:
+        return graph.Scoring(
+            np.dtype(self.precision), kernels.METRIC_CODES[self.metric], Protocol.from_options(self.protocol, self.junk_pids),
+            self.gom, kernels.dot_error_bound(dim, self.precision), kernels.bin_error_bound(dim, self.precision),
+        )
+
+    @property
+    def minmax(self) -> bool:
+        return self.gom is not None and self.gom.norm == "minmax"
+
+    def to_options(self) -> dict:
+        """The options as ``evaluate`` keyword arguments (``Settings.parse(store, **them)`` gives them back)."""
+        gom = self.gom or GomOptions()
+        return {"metric": self.metric, "protocol": self.protocol, "junk_pids": list(self.junk_pids),
+                "max_rank": self.max_rank, "precision": self.precision, "no_gom": self.gom is None,
+                "gom_norm": gom.spec, "gom_bins": gom.bins, "gom_b": gom.b, "gom_vp": gom.vp}
+
+    def state_key(self) -> dict:
+        """The options a saved per-query state depends on (max_rank, B and vp only shape the report)."""
+        gom = None if self.gom is None else {"norm": self.gom.norm, "lo": self.gom.lo, "hi": self.gom.hi, "bins": self.gom.bins}
+        return {"metric": self.metric, "protocol": self.protocol, "junk_pids": list(self.junk_pids),
+                "precision": self.precision, "gom": gom}
+
+
+@dataclass(frozen=True)
+class Execution:
+    """Where and in which chunks the graph runs; never changes a number."""
+
+    query_block: int | None = None
+    gallery_chunk: int | None = None
+    memory_budget: object = DEFAULT_MEMORY_BUDGET
+    workers: int | None = None
+    cluster: ClusterOptions = ClusterOptions()
+    progress: bool = False
+
+
+class Runner:
+    """A connected session: the chunk plan and a way to compute graphs on the chosen scheduler."""
+
+    def __init__(self, client, plan, progress: bool):
+        self.client, self.plan, self.progress = client, plan, progress
+        self.where = client.scheduler.address if client else "threads"
+
+    def compute(self, built, label: str = "streameval"):
+        """Run a delayed graph on the threaded scheduler (BLAS pinned to one thread meanwhile) or the client."""
+        reporter = Reporter(label) if self.progress else None
+        if self.client is None:
+            watch = ThreadedProgress(reporter) if reporter else nullcontext()
+            try:
+                with threadpool_limits(limits=1, user_api="blas"), watch:
+                    return dask.compute(built, scheduler="threads", num_workers=self.plan.workers)[0]
+            finally:
+                graph.release_scratch()
+        future = self.client.compute(built)
+        wait_distributed(self.client, [future], reporter)
+        return future.result()
+
+
+@contextmanager
+def session(store: Store, settings: Settings, execution: Execution):
+    """Connect (checked, see ``cluster.connect``) and plan the chunks; yield a :class:`Runner`."""
+    with connect(execution.cluster, store) as client:
+        client = client or _active_client()
+        workers = execution.workers or (sum(client.nthreads().values()) if client else os.cpu_count() or 1)
+        plan = make_plan(
+            len(store.query), len(store.gallery), store.dim, np.dtype(settings.precision).itemsize,
+            store.gallery.features.dtype.itemsize, store.gallery.chunk_rows, workers,
+            parse_bytes(execution.memory_budget), execution.query_block, execution.gallery_chunk,
+        )
+        yield Runner(client, plan, execution.progress)
 
 
 def evaluate(
@@ -58,6 +162,8 @@ def evaluate(
     connect_timeout: float = CONNECT_TIMEOUT_S,
     storage_options: dict | None = None,
     progress: bool = False,
+    state: str | os.PathLike | None = None,
+    overwrite_state: bool = False,
 ) -> metrics.Result:
     """Evaluate query against gallery features; return a :class:`~streameval.metrics.Result`.
 
@@ -70,68 +176,69 @@ def evaluate(
 
     Where it runs: ``scheduler`` (tcp://host:port), ``scheduler_file`` or ``cluster="local"`` (with
     ``n_workers``, ``threads_per_worker``, ``memory_limit`` as for LocalCluster) run it on a Dask
-    cluster (checked first, giving up after ``connect_timeout`` seconds); otherwise an active ``dask.distributed`` Client is used, or else Dask's threaded
-    scheduler with ``workers`` threads (default: all cores).  BLAS runs one thread per task.
-    ``progress`` draws task progress on stderr.
+    cluster (checked first, giving up after ``connect_timeout`` seconds); otherwise an active
+    ``dask.distributed`` Client is used, or else Dask's threaded scheduler with ``workers`` threads
+    (default: all cores).  BLAS runs one thread per task.  ``progress`` draws task progress on stderr.
+
+    ``state``: also save the per-query state to this directory, so that ``streameval.update`` can
+    later score only the gallery rows appended since (an existing state is replaced only with
+    ``overwrite_state``).
     """
     started = time.perf_counter()
     store = _as_store(data, storage_options)
-    metric = metric or store.default_metric
-    if metric not in kernels.METRIC_CODES:
-        raise OptionError(f"metric must be one of {', '.join(kernels.METRIC_CODES)}, got {metric!r}")
-    if precision not in PRECISIONS:
-        raise OptionError(f"precision must be float32 or float64, got {precision!r}")
-    if max_rank < 1:
-        raise OptionError(f"max_rank must be at least 1, got {max_rank}")
-    gom_options = None if no_gom else GomOptions.parse(gom_norm, gom_bins, gom_b, gom_vp)
-    scoring = graph.Scoring(
-        np.dtype(precision), kernels.METRIC_CODES[metric], Protocol.from_options(protocol, junk_pids), gom_options,
-        kernels.dot_error_bound(store.dim, precision), kernels.bin_error_bound(store.dim, precision),
+    settings = Settings.parse(store, metric, protocol, junk_pids, max_rank, precision, no_gom, gom_norm, gom_bins,
+                              gom_b, gom_vp)
+    if state is not None:
+        from .statestore import check_writable
+
+        check_writable(state, overwrite_state)
+    cluster_options = ClusterOptions(scheduler, scheduler_file, cluster, n_workers, threads_per_worker, memory_limit,
+                                     connect_timeout)
+    execution = Execution(query_block, gallery_chunk, memory_budget, workers, cluster_options, progress)
+    with session(store, settings, execution) as runner:
+        query_state, read = full_state(store, settings, runner)
+    if state is not None:
+        from .statestore import save_state
+
+        save_state(state, store, settings, query_state)
+    return make_result(store, settings, query_state, runner, started, read, len(store.query) * len(store.gallery))
+
+
+def full_state(store: Store, settings: Settings, runner: Runner) -> tuple[QueryState, int]:
+    """Every query's state over the whole gallery, and the bytes the graph read."""
+    scoring = settings.scoring(store.dim)
+    positives, states, dist_range = runner.compute(graph.build(store.query, store.gallery, runner.plan, scoring))
+    query_state = QueryState(Positives.concat(positives), RankState.concat(states), dist_range, len(store.gallery))
+    passes = 2 if settings.minmax else 1
+    read = graph.rows_bytes(store.query, len(store.query)) + sum(
+        graph.positives_pass_bytes(store.gallery, runner.plan, block, 0, len(store.gallery))
+        + passes * graph.rows_bytes(store.gallery, len(store.gallery)) for block in positives
     )
-    options = ClusterOptions(scheduler, scheduler_file, cluster, n_workers, threads_per_worker, memory_limit, connect_timeout)
-    with connect(options, store) as client:
-        client = client or _active_client()
-        workers = workers or (sum(client.nthreads().values()) if client else os.cpu_count() or 1)
-        plan = make_plan(
-            len(store.query), len(store.gallery), store.dim, scoring.dtype.itemsize,
-            store.gallery.features.dtype.itemsize, store.gallery.chunk_rows, workers,
-            parse_bytes(memory_budget), query_block, gallery_chunk,
-        )
-        where = client.scheduler.address if client else "threads"
-        reporter = Reporter() if progress else None
-        blocks, dist_range = _compute(client, graph.build(store.query, store.gallery, plan, scoring), plan, reporter)
-    elapsed = time.perf_counter() - started
-    per_query = metrics.concat_blocks(blocks, metrics.PER_QUERY_FIELDS)
+    return query_state, read
+
+
+def make_result(store: Store, settings: Settings, state: QueryState, runner: Runner, started: float, bytes_read: int,
+                pairs: int, **run_facts) -> metrics.Result:
+    """Per-query values, closed-set and GOM aggregates of ``state``, and how the run went (``pairs``
+    scored since ``started``, ``bytes_read``, any other ``run_facts``)."""
+    per_query = metrics.query_values(state.positives, state.ranks)
     n_valid = int((per_query["n_positives"] > 0).sum())
+    gom = None
+    if settings.gom is not None:
+        curves = query_curves(state.positives, state.ranks, settings.gom, graph.normalisation(settings.gom, state.dist_range))
+        gom = summarize_gom(curves, per_query["n_positives"], settings.gom, state.dist_range)
+    elapsed = time.perf_counter() - started
     return metrics.Result(
         n_queries=len(store.query), n_valid_queries=n_valid, n_open_queries=len(store.query) - n_valid,
-        n_gallery=len(store.gallery), metric=metric, protocol=protocol, max_rank=max_rank,
-        per_query=per_query, **metrics.closed_set(per_query, max_rank),
-        gom=None if no_gom else summarize_gom(
-            metrics.concat_blocks([b["gom"] for b in blocks], CURVES), per_query["n_positives"], gom_options, dist_range
-        ),
-        options={"junk_pids": [int(p) for p in scoring.protocol.junk_pids], "precision": precision},
+        n_gallery=state.gallery_rows, metric=settings.metric, protocol=settings.protocol, max_rank=settings.max_rank,
+        per_query=per_query, **metrics.closed_set(per_query, settings.max_rank), gom=gom,
+        options={"junk_pids": list(settings.junk_pids), "precision": settings.precision},
         run={
-            "query_block": plan.query_block, "gallery_chunk": plan.gallery_chunk, "workers": plan.workers,
-            "scheduler": where,
-            "elapsed_s": elapsed, "pairs_per_s": len(store.query) * len(store.gallery) / elapsed,
-            "bytes_read": graph.bytes_read(store.query, store.gallery, plan, scoring, blocks),
+            "query_block": runner.plan.query_block, "gallery_chunk": runner.plan.gallery_chunk,
+            "workers": runner.plan.workers, "scheduler": runner.where, "elapsed_s": elapsed,
+            "pairs_per_s": pairs / elapsed, "bytes_read": bytes_read, **run_facts,
         },
     )
-
-
-def _compute(client, built, plan, reporter):
-    """Run the graph on the threaded scheduler (BLAS pinned to one thread meanwhile) or the client."""
-    if client is None:
-        watch = ThreadedProgress(reporter) if reporter else nullcontext()
-        try:
-            with threadpool_limits(limits=1, user_api="blas"), watch:
-                return dask.compute(built, scheduler="threads", num_workers=plan.workers)[0]
-        finally:
-            graph.release_scratch()
-    future = client.compute(built)
-    wait_distributed(client, [future], reporter)
-    return future.result()
 
 
 def _as_store(data, storage_options=None) -> Store:

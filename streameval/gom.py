@@ -64,6 +64,11 @@ class GomOptions:
         return f"fixed:{self.lo:g}:{self.hi:g}" if self.norm == "fixed" else self.norm
 
     @property
+    def spec(self) -> str:
+        """The ``gom_norm`` option exactly (repr keeps every digit of LO and HI)."""
+        return f"fixed:{self.lo!r}:{self.hi!r}" if self.norm == "fixed" else self.norm
+
+    @property
     def tau(self) -> np.ndarray:
         return np.arange(self.bins + 1, dtype=np.float64) * (1.0 / self.bins)
 
@@ -100,9 +105,9 @@ class DistanceRange:
 CURVES = ("rp", "vp", "rep", "fr")
 
 
-def block_curves(positives, state, options: GomOptions, norm: Normalisation) -> dict:
-    """Per-query curves of one query block: (queries, N + 1) arrays ``rp``, ``vp``, ``rep`` (Q+ rows)
-    and ``fr`` (Q- rows), zero elsewhere.  Kept per query so the means do not depend on the blocks."""
+def query_curves(positives, state, options: GomOptions, norm: Normalisation) -> dict:
+    """Per-query curves: (queries, N + 1) arrays ``rp``, ``vp``, ``rep`` (Q+ rows) and ``fr`` (Q-
+    rows), zero elsewhere."""
     tau = options.tau
     curves = {name: np.zeros((positives.counts.shape[0], tau.shape[0])) for name in CURVES}
     kernels.gom_curves(

@@ -1,15 +1,18 @@
 """The Dask graph: per-(query block, gallery chunk) tasks and a tree reduction per query block.
 
-For each query block::
+Three passes over gallery rows [start, stop), each built per query block (``Plan``)::
 
-    load_rows(queries) ─┬─> find_positive_pairs(chunk 0..C) ─> collect_positives ─┐
-                        ├─> [minmax GOM only] block_range(chunk 0..C) ─> tree of min/max ─┤
-                        └───────────────────────────────────────────────────────────────┴─> score_chunk(chunk 0..C)
-                                                            tree of RankState.merge <─┘
-                                                                     └─> summarize_block
+    load_rows(queries) ─┬─> find_positive_pairs(chunk 0..C) ─> collect_positives     positives pass
+                        ├─> [minmax GOM only] block_range(chunk 0..C) ─> tree of min/max  range pass
+                        └─> score_chunk(chunk 0..C, positives, normalisation)            scoring pass
+                                    └─> tree of RankState.merge
+
+``build`` chains them over the whole gallery (one graph: the scoring tasks wait for the positives
+and, with ``minmax``, for the global range).  Incremental updates (``incremental.py``) run the
+passes over the new rows and over the old rows of a subset of the queries.
 
 Tasks receive the store's arrays (not data) and read their own gallery rows, so nothing but small
-states travels between workers; the query block and its positives are computed once and shared.
+states travels between workers; a query block and its positives are computed once and shared.
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ from dask import delayed
 
 from . import kernels
 from .errors import StoreError
-from .gom import DistanceRange, GomOptions, Normalisation, block_curves
+from .gom import DistanceRange, GomOptions, Normalisation
 from .plan import Plan
-from .protocol import Positives, Protocol
-from .state import RankState
-from .store import FeatureSet, read_ids, read_rows
+from .protocol import Protocol
+from .state import Positives, RankState
+from .store import FeatureSet, read_ids, read_rows, row_number
 
 MERGE_FAN_IN = 8
 QUERY_SUB_BLOCK = 512  # query rows per GEMM inside a task: 512 x 4096 float32 dot products = 8 MiB
@@ -49,9 +52,8 @@ class Scoring:
 
 @dataclass(frozen=True)
 class Rows:
-    """Rows [start, start + len) of a set, read and prepared for scoring."""
+    """Rows of a set, read and prepared for scoring."""
 
-    start: int
     features: np.ndarray  # working dtype
     terms: np.ndarray  # float64, kernels.row_terms
     norms: np.ndarray  # float64 |x|, for the GEMM error windows
@@ -59,14 +61,15 @@ class Rows:
     camids: np.ndarray
 
 
-def load_rows(fs: FeatureSet, start: int, stop: int, scoring: Scoring) -> Rows:
-    features, pids, camids = read_rows(fs, start, stop, scoring.dtype)
+def load_rows(fs: FeatureSet, rows, scoring: Scoring) -> Rows:
+    """Rows of a set (a slice or an array of row numbers)."""
+    features, pids, camids = read_rows(fs, rows, scoring.dtype)
     terms = kernels.row_terms(features, scoring.metric)
     if scoring.metric == kernels.COSINE and not terms.all():
-        row = start + int(np.flatnonzero(terms == 0)[0])
+        row = row_number(rows, int(np.flatnonzero(terms == 0)[0]))
         raise StoreError(f"{fs.name} row {row} is an all-zero feature vector: its cosine distance is undefined")
     norms = terms if scoring.metric == kernels.COSINE else np.sqrt(terms)
-    return Rows(start, features, terms, norms, pids, camids)
+    return Rows(features, terms, norms, pids, camids)
 
 
 def find_positive_pairs(gallery: FeatureSet, start: int, stop: int, queries: Rows, scoring: Scoring):
@@ -81,7 +84,7 @@ def find_positive_pairs(gallery: FeatureSet, start: int, stop: int, queries: Row
     )
     if qrows.size == 0:
         return qrows, grows, np.empty(0, dtype=np.float64), junk
-    chunk = load_rows(gallery, start, stop, scoring)
+    chunk = load_rows(gallery, slice(start, stop), scoring)
     dist = kernels.pair_distances(
         queries.features, chunk.features, qrows, grows, queries.terms, chunk.terms, scoring.metric
     )
@@ -126,7 +129,7 @@ def _sub_blocks(queries: Rows, chunk: Rows):
 
 def block_range(gallery: FeatureSet, start: int, stop: int, queries: Rows, scoring: Scoring) -> DistanceRange:
     """Min and max distance between the query block and gallery rows [start, stop)."""
-    chunk = load_rows(gallery, start, stop, scoring)
+    chunk = load_rows(gallery, slice(start, stop), scoring)
     ranges = [
         DistanceRange(*kernels.distance_range(
             dots, queries.features[rows], chunk.features, queries.terms[rows], chunk.terms, queries.norms[rows],
@@ -150,7 +153,7 @@ def score_chunk(gallery: FeatureSet, start: int, stop: int, queries: Rows, posit
     gom = scoring.gom
     n_bins = gom.bins if gom else 1
     state = RankState.empty(positives.dist.shape[0], len(queries.pids), n_bins + 2 if gom else 0)
-    chunk = load_rows(gallery, start, stop, scoring)
+    chunk = load_rows(gallery, slice(start, stop), scoring)
     junk = scoring.protocol.junk_mask(chunk.pids)
     for rows, dots in _sub_blocks(queries, chunk):
         kernels.score_block(
@@ -160,22 +163,6 @@ def score_chunk(gallery: FeatureSet, start: int, stop: int, queries: Rows, posit
             gom is not None, norm.mode, norm.lo, norm.span, n_bins, state.neg_hist[rows],
         )
     return state
-
-
-def summarize_block(positives: Positives, state: RankState, scoring: Scoring, norm: Normalisation,
-                    gallery_chunk: int) -> dict:
-    """Per-query arrays (first-hit rank, AP, AP_trapezoid, INP, #positives), GOM curves, and
-    the gallery chunks holding positives (their features were read by the positives pass)."""
-    n = positives.offsets.shape[0] - 1
-    out = {
-        "first_hit_rank": np.empty(n, dtype=np.int64),
-        "ap": np.empty(n), "ap_trapezoid": np.empty(n), "inp": np.empty(n),
-    }
-    kernels.rank_summaries(positives.offsets, state.neg_slots, out["first_hit_rank"], out["ap"], out["ap_trapezoid"], out["inp"])
-    out["n_positives"] = positives.counts
-    out["gom"] = block_curves(positives, state, scoring.gom, norm) if scoring.gom else None
-    out["positive_chunks"] = np.unique(positives.gidx // gallery_chunk)
-    return out
 
 
 def _merge_all(merge, *states):
@@ -189,7 +176,8 @@ def tree_reduce(items: list, merge, fan_in: int = MERGE_FAN_IN):
     return items[0]
 
 
-def _normalisation(options: GomOptions | None, dist_range) -> Normalisation:
+def normalisation(options: GomOptions | None, dist_range) -> Normalisation:
+    """d~'s kernel arguments: identity (no GOM, ``none``), fixed LO:HI, or the global range."""
     if options is None or options.norm == "none":
         return Normalisation.identity()
     if options.norm == "fixed":
@@ -197,43 +185,65 @@ def _normalisation(options: GomOptions | None, dist_range) -> Normalisation:
     return Normalisation.affine(dist_range.lo, dist_range.hi)
 
 
+def query_blocks(plan: Plan, queries: np.ndarray | None, n_query: int) -> list:
+    """Row selections of the query blocks: slices of all queries, or blocks of the listed ones."""
+    if queries is None:
+        return [slice(a, b) for a, b in plan.query_ranges(n_query)]
+    return [queries[a:b] for a, b in plan.query_ranges(queries.shape[0])]
+
+
+def positives_pass(query: FeatureSet, gallery: FeatureSet, plan: Plan, scoring: Scoring, start: int = 0):
+    """Per query block of all queries: (delayed Rows, delayed Positives in gallery rows [start, end))."""
+    chunks = plan.gallery_ranges(len(gallery), start)
+    blocks = []
+    for rows in query_blocks(plan, None, len(query)):
+        queries = delayed(load_rows)(query, rows, scoring)
+        pairs = [delayed(find_positive_pairs)(gallery, a, b, queries, scoring) for a, b in chunks]
+        blocks.append((queries, delayed(collect_positives)(rows.stop - rows.start, *pairs)))
+    return blocks
+
+
+def range_pass(gallery: FeatureSet, plan: Plan, scoring: Scoring, blocks, start: int = 0):
+    """Delayed DistanceRange of every pair of the blocks' queries with gallery rows [start, end),
+    their positives' distances included."""
+    chunks = plan.gallery_ranges(len(gallery), start)
+    ranges = [delayed(block_range)(gallery, a, b, queries, scoring) for queries, _ in blocks for a, b in chunks]
+    ranges += [delayed(positives_range)(positives) for _, positives in blocks]
+    return tree_reduce(ranges, DistanceRange.merge)
+
+
+def scoring_pass(gallery: FeatureSet, plan: Plan, scoring: Scoring, queries, positives, norm, start: int, stop: int):
+    """Delayed RankState of one query block over gallery rows [start, stop)."""
+    chunks = plan.gallery_ranges(stop, start)
+    return tree_reduce([delayed(score_chunk)(gallery, a, b, queries, positives, scoring, norm) for a, b in chunks],
+                       RankState.merge)
+
+
 def build(query: FeatureSet, gallery: FeatureSet, plan: Plan, scoring: Scoring):
-    """One delayed (summary dict per query block in query order, global DistanceRange or None).
+    """The full evaluation, one delayed (Positives per query block, RankState per query block,
+    global DistanceRange or None).
 
     With ``minmax`` GOM normalisation the range is a first pass over all pairs; every scoring task
     waits for it.
     """
-    chunks = plan.gallery_ranges(len(gallery))
-    blocks = []
-    for q_start, q_stop in plan.query_ranges(len(query)):
-        queries = delayed(load_rows)(query, q_start, q_stop, scoring)
-        pairs = [delayed(find_positive_pairs)(gallery, a, b, queries, scoring) for a, b in chunks]
-        blocks.append((queries, delayed(collect_positives)(q_stop - q_start, *pairs)))
-    dist_range = None
-    if scoring.gom is not None and scoring.gom.norm == "minmax":
-        ranges = [delayed(block_range)(gallery, a, b, queries, scoring) for queries, _ in blocks for a, b in chunks]
-        ranges += [delayed(positives_range)(positives) for _, positives in blocks]
-        dist_range = tree_reduce(ranges, DistanceRange.merge)
-    norm = delayed(_normalisation)(scoring.gom, dist_range)
-    summaries = []
-    for queries, positives in blocks:
-        states = [delayed(score_chunk)(gallery, a, b, queries, positives, scoring, norm) for a, b in chunks]
-        state = tree_reduce(states, RankState.merge)
-        summaries.append(delayed(summarize_block)(positives, state, scoring, norm, plan.gallery_chunk))
-    return delayed(tuple)([summaries, dist_range])
+    blocks = positives_pass(query, gallery, plan, scoring)
+    minmax = scoring.gom is not None and scoring.gom.norm == "minmax"
+    dist_range = range_pass(gallery, plan, scoring, blocks) if minmax else None
+    norm = delayed(normalisation)(scoring.gom, dist_range)
+    states = [scoring_pass(gallery, plan, scoring, queries, positives, norm, 0, len(gallery))
+              for queries, positives in blocks]
+    return delayed(tuple)([[positives for _, positives in blocks], states, dist_range])
 
 
-def bytes_read(query: FeatureSet, gallery: FeatureSet, plan: Plan, scoring: Scoring, blocks: list) -> int:
-    """Bytes the graph read from the store: the queries once; per query block the gallery ids (the
-    positives pass), the features of chunks holding positives, and the whole gallery once per
-    scoring pass (two with minmax GOM normalisation)."""
-    feature_bytes = gallery.dim * gallery.features.dtype.itemsize
-    id_bytes = gallery.pids.dtype.itemsize + gallery.camids.dtype.itemsize
-    passes = 2 if scoring.gom is not None and scoring.gom.norm == "minmax" else 1
-    total = len(query) * (query.dim * query.features.dtype.itemsize + id_bytes)
-    for block in blocks:
-        starts = block["positive_chunks"] * plan.gallery_chunk
-        positive_rows = int(np.minimum(plan.gallery_chunk, len(gallery) - starts).sum())
-        total += len(gallery) * id_bytes + positive_rows * (feature_bytes + id_bytes)
-        total += passes * len(gallery) * (feature_bytes + id_bytes)
-    return total
+def rows_bytes(fs: FeatureSet, n_rows: int, features: bool = True) -> int:
+    """Bytes of ``n_rows`` rows of a set: ids, and features unless ``features`` is False."""
+    row = fs.pids.dtype.itemsize + fs.camids.dtype.itemsize
+    return n_rows * (row + (fs.dim * fs.features.dtype.itemsize if features else 0))
+
+
+def positives_pass_bytes(gallery: FeatureSet, plan: Plan, positives: Positives, start: int, stop: int) -> int:
+    """What one query block's positives pass over gallery rows [start, stop) read: every row's ids,
+    and the features of the chunks holding one of the block's positives."""
+    chunks = np.unique((positives.gidx[positives.gidx >= start] - start) // plan.gallery_chunk)
+    feature_rows = int(np.minimum(plan.gallery_chunk, stop - start - chunks * plan.gallery_chunk).sum())
+    return rows_bytes(gallery, stop - start, features=False) + rows_bytes(gallery, feature_rows)

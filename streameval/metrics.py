@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import kernels
+
 PER_QUERY_FIELDS = ("ap", "ap_trapezoid", "inp", "first_hit_rank", "n_positives")
 
 
@@ -76,9 +78,16 @@ def _json_list(values: np.ndarray) -> list:
     return [None if isinstance(v, float) and v != v else v for v in values.tolist()]
 
 
-def concat_blocks(blocks: list[dict], names) -> dict:
-    """Per-query arrays of consecutive query blocks joined in query order."""
-    return {name: np.concatenate([b[name] for b in blocks]) for name in names}
+def query_values(positives, ranks) -> dict:
+    """Per-query first-hit rank, AP (both conventions), INP and number of positives, from the counts
+    (``state.Positives``, ``state.RankState``); open-set queries get rank -1 and NaN."""
+    n = positives.n_queries
+    out = {"first_hit_rank": np.empty(n, dtype=np.int64), "ap": np.empty(n), "ap_trapezoid": np.empty(n),
+           "inp": np.empty(n)}
+    kernels.rank_summaries(positives.offsets, ranks.neg_slots, out["first_hit_rank"], out["ap"], out["ap_trapezoid"],
+                           out["inp"])
+    out["n_positives"] = positives.counts
+    return out
 
 
 def cmc_curve(first_hit_rank: np.ndarray, max_rank: int) -> np.ndarray:

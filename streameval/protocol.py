@@ -5,8 +5,8 @@
 * Positives: non-junk items with the query's pid.  Negatives: every other non-junk item.
 
 Positives are few (a handful per query), so they are found first, from ids alone, and their exact
-distances computed pair by pair.  Each query's positives are then kept sorted by
-``(distance, gallery index)``: the order every later count is taken against.
+distances computed pair by pair (``state.Positives`` keeps them sorted by ``(distance, gallery
+index)``: the order every later count is taken against).
 """
 
 from __future__ import annotations
@@ -59,29 +59,3 @@ class Protocol:
             junk += np.bincount(qrows[~keep], minlength=q_pid.shape[0])
             qrows, grows = qrows[keep], grows[keep]
         return qrows.astype(np.int64), grows.astype(np.int64), junk
-
-
-@dataclass(frozen=True)
-class Positives:
-    """Positives of a block of queries, in CSR form, each query's sorted by (distance, gallery index).
-
-    ``offsets[i]:offsets[i+1]`` indexes query i's entries in ``dist`` (float64) and ``gidx`` (global
-    gallery row, int64).  ``junk[i]`` is the number of gallery items that are junk for query i.
-    """
-
-    offsets: np.ndarray
-    dist: np.ndarray
-    gidx: np.ndarray
-    junk: np.ndarray
-
-    @classmethod
-    def from_pairs(cls, n_queries: int, qrows, gidx, dist, junk) -> "Positives":
-        order = np.lexsort((gidx, dist, qrows))
-        counts = np.bincount(qrows, minlength=n_queries)
-        offsets = np.zeros(n_queries + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        return cls(offsets, np.ascontiguousarray(dist[order]), np.ascontiguousarray(gidx[order]), junk)
-
-    @property
-    def counts(self) -> np.ndarray:
-        return np.diff(self.offsets)

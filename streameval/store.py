@@ -23,6 +23,7 @@ extra pass over a large gallery; ``validate_values`` does that scan on demand.
 from __future__ import annotations
 
 import os
+import uuid
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,7 @@ from .errors import StoreError
 
 SCHEMA_VERSION = 1
 COMMITTED_ATTR = "committed_gallery_rows"
+UID_ATTR = "store_uid"  # random, made when a store is created: a rewritten store gets a new one
 SETS = ("query", "gallery")
 FIELDS = ("features", "pids", "camids")
 FEATURE_DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
@@ -70,6 +72,7 @@ class Store:
     query: FeatureSet
     gallery: FeatureSet
     default_metric: str
+    uid: str | None = None  # None for stores written before uids existed
 
     @property
     def dim(self) -> int:
@@ -110,7 +113,7 @@ def open_store(target, mode: str = "r", storage_options: dict | None = None, _wr
     default_metric = group.attrs.get("default_metric", "euclidean")
     if default_metric not in METRICS:
         raise StoreError(f"'{path}': default_metric {default_metric!r} is not one of {', '.join(METRICS)}")
-    return Store(path=path, query=query, gallery=gallery, default_metric=default_metric)
+    return Store(path=path, query=query, gallery=gallery, default_metric=default_metric, uid=group.attrs.get(UID_ATTR))
 
 
 def _open_set(group: zarr.Group, path: str, name: str, committed: int | None) -> FeatureSet:
@@ -187,10 +190,18 @@ def check_batch(features, pids, camids, where: str, dim: int | None = None):
     return features, pids.astype(np.int64, copy=False), camids.astype(np.int64, copy=False)
 
 
-def _check_finite(features: np.ndarray, where: str, row0: int) -> None:
+def row_number(rows, i: int) -> int:
+    """The set's row number of the i-th row read by ``rows`` (a first row, a slice or an array)."""
+    if isinstance(rows, slice):
+        return (rows.start or 0) + i
+    return int(rows[i]) if np.ndim(rows) else rows + i
+
+
+def _check_finite(features: np.ndarray, where: str, rows) -> None:
+    """``rows``: the first row's number, or the selection read (for the message)."""
     finite_rows = np.isfinite(features).all(axis=1)
     if not finite_rows.all():
-        bad = int(np.flatnonzero(~finite_rows)[0]) + row0
+        bad = row_number(rows, int(np.flatnonzero(~finite_rows)[0]))
         raise StoreError(f"{where} features hold non-finite values (NaN or inf), first at row {bad}")
 
 
@@ -227,7 +238,8 @@ def create_store(
     if _is_path(target) and os.path.exists(target) and not overwrite:
         raise StoreError(f"'{os.fspath(target)}' already exists; pass --overwrite (overwrite=True) to replace it")
     group = zarr.open_group(target, mode="w")
-    group.attrs.update({"streameval_schema": SCHEMA_VERSION, "default_metric": default_metric, COMMITTED_ATTR: 0})
+    group.attrs.update({"streameval_schema": SCHEMA_VERSION, "default_metric": default_metric, COMMITTED_ATTR: 0,
+                        UID_ATTR: uuid.uuid4().hex})
     for name, rows in (("query", n_query), ("gallery", n_gallery)):
         chunk = max(1, min(chunk_rows, rows))
         group.create_array(f"{name}/features", shape=(rows, dim), dtype=dtype, chunks=(chunk, dim), compressors=None)
@@ -319,13 +331,14 @@ def _require_present(arr: zarr.Array) -> None:
         raise StoreError(f"cannot read '{where}' from this process (store missing or not reachable here)")
 
 
-def read_rows(fs: FeatureSet, start: int, stop: int, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Read rows [start, stop) of a set: features upcast to ``dtype`` and checked finite, ids as int64."""
+def read_rows(fs: FeatureSet, rows, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Read rows of a set (a slice, or an array of row numbers: only their chunks are read):
+    features upcast to ``dtype`` and checked finite, ids as int64."""
     _require_present(fs.features)
-    features = np.ascontiguousarray(fs.features[start:stop], dtype=dtype)
-    _check_finite(features, fs.name, start)
-    pids = np.asarray(fs.pids[start:stop], dtype=np.int64)
-    camids = np.asarray(fs.camids[start:stop], dtype=np.int64)
+    features = np.ascontiguousarray(fs.features.oindex[rows, :], dtype=dtype)
+    _check_finite(features, fs.name, rows)
+    pids = np.asarray(fs.pids.oindex[rows], dtype=np.int64)
+    camids = np.asarray(fs.camids.oindex[rows], dtype=np.int64)
     return features, pids, camids
 
 
@@ -343,4 +356,4 @@ def validate_values(store: Store) -> None:
     """Scan every chunk of both sets and raise StoreError on the first non-finite feature."""
     for fs in (store.query, store.gallery):
         for start in range(0, len(fs), fs.chunk_rows):
-            read_rows(fs, start, min(start + fs.chunk_rows, len(fs)), fs.features.dtype)
+            read_rows(fs, slice(start, min(start + fs.chunk_rows, len(fs))), fs.features.dtype)
