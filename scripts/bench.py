@@ -13,6 +13,11 @@ These methods are timed side by side on the same synthetic store (``streameval.s
               the store and upcast, the query-block x gallery-chunk GEMM (numpy, BLAS on all cores)
               plus the norm combination (numpy, in cache-sized tiles, on all cores), the result
               discarded.  No ranking: a lower bound for any exact evaluator that reads the store.
+  update      incremental re-evaluation (``streameval update``): a copy of the store is evaluated with
+              ``state=``, then ``--update-frac`` (default 1%) more gallery rows are appended - copies of
+              random gallery rows relabelled as pid 0 distractors, so no new positives and no new
+              extreme distance - and ``update`` is timed against a full ``evaluate`` of the grown
+              store, for the default (minmax GOM), fixed-GOM and closed-set options.
   classic     what the common ReID codebases do (torchreid / fast-reid): load everything, compute the
               full Nq x Ng float32 distance matrix (squared euclidean like torchreid's
               ``euclidean_squared_distance``, or cosine), ``np.argsort(distmat, axis=1)``, then a
@@ -34,7 +39,7 @@ import sys
 import tempfile
 import time
 
-METHODS = ("streameval", "se-fixed", "se-closed", "floor", "classic")
+METHODS = ("streameval", "se-fixed", "se-closed", "floor", "update", "classic")
 VARIANTS = ("streameval", "se-fixed", "se-closed")
 DEFAULT_SIZES = ("3368x19732x2048", "10000x50000x256")
 SCALING_SIZES = ("10000x20000x256:2000", "10000x200000x256:2000", "10000x2000000x256:2000")  # gallery x1, x10, x100
@@ -89,6 +94,8 @@ def parse_args(argv=None):
                    help="gallery distractor (pid 0) fraction (default: 0)")
     p.add_argument("--open-query-frac", type=float, default=0.0,
                    help="fraction of queries with no gallery identity (default: 0)")
+    p.add_argument("--update-frac", type=float, default=0.01,
+                   help="rows appended for the update method, as a fraction of the gallery (default: 0.01)")
     p.add_argument("--chunk-rows", type=int, default=None,
                    help="store chunk rows (default: synth's choice, ~8 MiB chunks)")
     p.add_argument("--classic-sort-threads", type=int, default=1,
@@ -116,6 +123,8 @@ def parse_args(argv=None):
             p.error(str(exc))
         if args.repeat < 1:
             p.error("--repeat must be at least 1")
+        if not 0 < args.update_frac <= 1:
+            p.error("--update-frac must be in (0, 1]")
         if args.classic_sort_threads < 1:
             p.error("--classic-sort-threads must be at least 1")
     return args
@@ -257,7 +266,8 @@ def _variant_options(variant: str, store_path: str, metric: str) -> dict:
     return {}
 
 
-def run_streameval(args) -> dict:
+def warm_jit(metric: str) -> tuple[float, str]:
+    """Run streameval once on a tiny problem so numba's compile time is not timed."""
     import numpy as np
 
     import streameval
@@ -270,9 +280,15 @@ def run_streameval(args) -> dict:
         "q_camids": rng.integers(0, 3, nq), "gf": rng.standard_normal((ng, d), dtype=np.float32),
         "g_pids": rng.integers(1, 20, ng), "g_camids": rng.integers(0, 3, ng),
     }
-    streameval.evaluate(tiny, metric=args.metric)
+    streameval.evaluate(tiny, metric=metric)
     warm = time.perf_counter() - t0
+    return warm, f"numba JIT warmed on a {nq}x{ng}x{d} problem ({warm:.1f} s, not timed)"
 
+
+def run_streameval(args) -> dict:
+    import streameval
+
+    warm, warm_note = warm_jit(args.metric)
     options = _variant_options(args._run, args._store, args.metric)
 
     def once():
@@ -281,11 +297,75 @@ def run_streameval(args) -> dict:
 
     out = timed_runs(once, args.repeat)
     res = out.pop("result")
-    out["warmup"] = f"numba JIT warmed on a {nq}x{ng}x{d} problem ({warm:.1f} s, not timed); options {options or 'default'}"
+    out["warmup"] = f"{warm_note}; options {options or 'default'}"
     out["warmup_s"] = warm
     out["metrics"] = _metrics(res.mAP, res.rank(1), res.mINP, res.n_valid_queries)
     out["plan"] = {k: res.run[k] for k in ("query_block", "gallery_chunk", "workers")}
     return out
+
+
+def append_distractor_copies(store_path: str, frac: float, seed: int) -> int:
+    """Append ``frac`` x gallery rows: copies of random gallery rows, relabelled pid 0 in camera 0.
+    A copy's distances already occur in the gallery, so they bring no new positive and no new
+    minmax extreme: the case an incremental update is made for."""
+    import numpy as np
+
+    import streameval
+
+    gallery = streameval.open_store(store_path).gallery
+    n = max(1, round(frac * len(gallery)))
+    rows = np.sort(np.random.default_rng(seed).choice(len(gallery), n, replace=False))
+    features = np.asarray(gallery.features.oindex[rows])
+    streameval.append_gallery(store_path, features, np.zeros(n, np.int64), np.zeros(n, np.int64))
+    return n
+
+
+def run_update(args) -> dict:
+    """Per streameval variant: time update() after the append, and a full evaluate() of the grown store."""
+    import shutil
+
+    import streameval
+
+    warm, warm_note = warm_jit(args.metric)
+    work = tempfile.mkdtemp(prefix="bench-update-", dir=os.path.dirname(args._store))
+    try:
+        store = os.path.join(work, "store.zarr")
+        shutil.copytree(args._store, store)
+        variants = {variant: _variant_options(variant, store, args.metric) for variant in VARIANTS}
+        for variant, options in variants.items():
+            streameval.evaluate(store, metric=args.metric, state=os.path.join(work, variant), **options)
+        added = append_distractor_copies(store, args.update_frac, args.seed)
+        out = {"warmup": warm_note + "; store copied, evaluated with state= and appended to (not timed)",
+               "warmup_s": warm, "rows_added": added, "variants": {}}
+        for variant, options in variants.items():
+            state, saved = os.path.join(work, variant), os.path.join(work, variant + ".saved")
+            shutil.copytree(state, saved)
+
+            def update_once():
+                shutil.rmtree(state)
+                shutil.copytree(saved, state)  # every run updates the same old state
+                reset_peak_rss()
+                t = time.perf_counter()
+                res = streameval.update(store, state)
+                return time.perf_counter() - t, res
+
+            def full_once():
+                t = time.perf_counter()
+                res = streameval.evaluate(store, metric=args.metric, **options)
+                return time.perf_counter() - t, res
+
+            update_s, updated = min((update_once() for _ in range(args.repeat)), key=lambda run: run[0])
+            update_rss = peak_rss_mb()
+            reset_peak_rss()
+            full_s, full = min((full_once() for _ in range(args.repeat)), key=lambda run: run[0])
+            out["variants"][variant] = {
+                "update_s": update_s, "full_s": full_s, "ratio": update_s / full_s, "update_peak_rss_mb": update_rss,
+                "full_peak_rss_mb": peak_rss_mb(), "facts": updated.run["update"],
+                "same_result": updated.to_dict(per_query=True) | {"run": None} == full.to_dict(per_query=True) | {"run": None},
+            }
+        return out
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -500,7 +580,8 @@ def _metrics(mAP, rank1, mINP, n_valid) -> dict:
 
 def child_main(args) -> int:
     t0 = time.perf_counter()
-    runners = {"floor": run_floor, "classic": run_classic, **{variant: run_streameval for variant in VARIANTS}}
+    runners = {"floor": run_floor, "classic": run_classic, "update": run_update,
+               **{variant: run_streameval for variant in VARIANTS}}
     out = runners[args._run](args)
     out["child_total_s"] = time.perf_counter() - t0
     with open(args._out, "w") as fh:
@@ -590,7 +671,8 @@ def run_child(args, method: str, store_path: str) -> dict:
     fd, out_path = tempfile.mkstemp(prefix=f"bench-{method}-", suffix=".json", dir=args.workdir)
     os.close(fd)
     cmd = [sys.executable, os.path.abspath(__file__), "--_run", method, "--_store", store_path, "--_out", out_path,
-           "--metric", args.metric, "--repeat", str(args.repeat),
+           "--metric", args.metric, "--repeat", str(args.repeat), "--update-frac", str(args.update_frac),
+           "--seed", str(args.seed),
            "--classic-sort-threads", str(args.classic_sort_threads)]
     t = time.perf_counter()
     busy0, cpu0 = _cpu_busy_s(), _children_cpu_s()
@@ -723,7 +805,7 @@ def report_size(size, store_path, how, results: dict, args) -> dict:
     print(header)
     print("-" * len(header))
     for method in METHODS:
-        if method not in results:
+        if method not in results or method == "update":
             continue
         r = results[method]
         if "error" in r:
@@ -751,10 +833,11 @@ def report_size(size, store_path, how, results: dict, args) -> dict:
                  if "time_s" in results.get(name, {})]
         if costs:
             print("GOM cost relative to closed-set only: " + ", ".join(costs))
+    update = report_update(results.get("update"), ng)
     # details
     for method in METHODS:
         r = results.get(method)
-        if not r or "error" in r:
+        if not r or "error" in r or method == "update":
             continue
         bits = [r["warmup"]]
         if r.get("plan"):
@@ -785,7 +868,23 @@ def report_size(size, store_path, how, results: dict, args) -> dict:
               f"tolerance {AGREE_TOL:g})")
     print()
     return {"size": {"n_query": nq, "n_gallery": ng, "dim": dim, "n_ids": ids}, "store": store_path,
-            "store_status": how, "rows": rows, "agreement": agreement}
+            "store_status": how, "rows": rows, "agreement": agreement, "update": update}
+
+
+def report_update(r: dict | None, n_gallery: int) -> dict | None:
+    """The update table: per variant, update vs full re-evaluation of the grown gallery."""
+    if r is None:
+        return None
+    if "error" in r:
+        print(f"update: FAILED: {r['error']}")
+        return r
+    print(f"update after appending {r['rows_added']:,} rows ({r['rows_added'] / n_gallery:.1%}; distractor copies):")
+    header = f"  {'variant':<12}{'update (s)':>11}{'full (s)':>10}{'update/full':>13}{'peak RSS (MB)':>15}  rescored  same result"
+    print(header)
+    for variant, v in r["variants"].items():
+        print(f"  {variant:<12}{v['update_s']:>11.3f}{v['full_s']:>10.3f}{v['ratio']:>13.1%}{v['update_peak_rss_mb']:>15.0f}"
+              f"  {v['facts']['queries_rescored']:>8}  {'yes' if v['same_result'] else 'NO'}")
+    return r
 
 
 def print_scaling(sizes: list) -> None:

@@ -1,4 +1,4 @@
-"""Command line: ``streameval eval | synth | convert | validate | plot``.
+"""Command line: ``streameval eval | update | append | synth | convert | validate | plot``.
 
 Errors in the input end as one line on stderr and a non-zero exit code (2: bad option,
 3: bad store or data), never as a traceback.
@@ -13,7 +13,7 @@ import sys
 import click
 
 from . import convert as convert_mod
-from . import report, synth as synth_mod
+from . import incremental, report, synth as synth_mod
 from .errors import StreamevalError
 from .evaluate import PRECISIONS, evaluate
 from .kernels import METRIC_CODES
@@ -50,6 +50,8 @@ def main():
 
 
 def _int_list(ctx, param, value):
+    if value is None:
+        return None
     try:
         return tuple(int(v) for v in value.split(",") if v.strip())
     except ValueError:
@@ -92,67 +94,84 @@ def _refuse_overwrite(path: str, overwrite: bool) -> None:
     raise click.UsageError(f"'{path}' exists; pass --overwrite to replace it")
 
 
-@main.command("eval")
-@click.argument("store", type=click.Path())
-@click.option("--metric", type=click.Choice(list(METRIC_CODES)), default=None,
-              help="Distance. Default: the store's default_metric attribute (euclidean if unset).")
-@click.option("--protocol", type=click.Choice(PROTOCOLS), default="market", show_default=True,
-              help="market: same-pid same-camera gallery items are junk; none: no camera filter.")
-@click.option("--junk-pids", default="-1", show_default=True, callback=_int_list,
-              help="Comma-separated pids ignored by the ranking (Market-1501 junk is -1).")
-@click.option("--max-rank", type=click.IntRange(min=1), default=50, show_default=True, help="Length of the CMC curve.")
-@click.option("--precision", type=click.Choice(PRECISIONS), default="float32", show_default=True,
-              help="Precision of the distance GEMM (features are upcast per chunk).")
-@click.option("--no-gom", is_flag=True, help="Skip the GOM open-set metrics (closed-set metrics only, one pass).")
-@click.option("--gom-norm", default="minmax", show_default=True,
-              help="GOM distance normalisation: minmax (global min/max, an extra pass), fixed:LO:HI "
-                   "(e.g. fixed:0:2 for cosine, one pass) or none (distances already in [0, 1]).")
-@click.option("--gom-bins", type=click.IntRange(min=1), default=100, show_default=True,
-              help="Threshold grid size N: tau = 0, 1/N, ..., 1.")
-@click.option("--gom-b", type=click.IntRange(min=1), default=3000, show_default=True,
-              help="FR cap B: FR = min(returned, B) / B for open-set queries.")
-@click.option("--gom-vp", type=click.Choice(["reference", "jaccard"]), default="reference", show_default=True,
-              help="VP as the GOM reference code (returns capped at the last positive) or the paper's Jaccard index.")
-@click.option("--query-block", type=click.IntRange(min=1), default=None,
-              help="Queries per task. Default: all queries if the memory budget allows (gallery read once).")
-@click.option("--gallery-chunk", type=click.IntRange(min=1), default=None,
-              help="Gallery rows per task. Default: from --memory-budget, aligned to store chunks.")
-@click.option("--memory-budget", default="1GiB", show_default=True, callback=_bytes,
-              help="Working memory the chunk sizes are planned for.")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Tasks run at once (threads of the default scheduler). Default: all cores / all cluster threads.")
-@click.option("--scheduler", default=None, metavar="ADDRESS",
-              help="Run on an existing Dask cluster: its scheduler address, e.g. tcp://10.0.0.5:8786.")
-@click.option("--scheduler-file", type=click.Path(), default=None,
-              help="Run on the Dask cluster whose scheduler wrote this file (dask scheduler --scheduler-file).")
-@click.option("--cluster", type=click.Choice(["local"]), default=None,
-              help="Start a LocalCluster of worker processes for this run.")
-@click.option("--n-workers", type=click.IntRange(min=1), default=None, help="LocalCluster worker processes.")
-@click.option("--threads-per-worker", type=click.IntRange(min=1), default=None, help="LocalCluster threads per worker.")
-@click.option("--memory-limit", default=None, help="LocalCluster memory limit per worker (e.g. 4GiB).")
-@click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=15.0, show_default=True,
-              help="Seconds to wait for a cluster's scheduler and first worker.")
-@click.option("-S", "--storage-option", "storage_options", multiple=True, callback=_key_values, metavar="KEY=VALUE",
-              help="fsspec storage option for a URL store (s3://...), repeatable, e.g. -S anon=true.")
-@click.option("--json", "json_path", type=click.Path(), default=None,
-              help="Write the full result as JSON to this file ('-' for stdout).")
-@click.option("--per-query", is_flag=True, help="Include per-query AP, INP, first-hit rank, #positives in the JSON.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing --json file.")
-@click.option("--quiet", "-q", is_flag=True, help="Print no progress and no summary table.")
-def eval_cmd(store, metric, protocol, junk_pids, max_rank, precision, no_gom, gom_norm, gom_bins, gom_b, gom_vp,
-             query_block, gallery_chunk, memory_budget, workers, scheduler, scheduler_file, cluster, n_workers,
-             threads_per_worker, memory_limit, connect_timeout, storage_options, json_path, per_query, overwrite, quiet):
-    """Evaluate STORE's queries against its gallery, streaming the gallery in chunks."""
-    if json_path:
-        _refuse_overwrite(json_path, overwrite)
-    result = evaluate(
-        store, metric=metric, protocol=protocol, junk_pids=junk_pids, max_rank=max_rank,
-        precision=precision, no_gom=no_gom, gom_norm=gom_norm, gom_bins=gom_bins, gom_b=gom_b, gom_vp=gom_vp,
-        query_block=query_block, gallery_chunk=gallery_chunk,
-        memory_budget=memory_budget, workers=workers, scheduler=scheduler, scheduler_file=scheduler_file,
-        cluster=cluster, n_workers=n_workers, threads_per_worker=threads_per_worker, memory_limit=memory_limit,
-        connect_timeout=connect_timeout, storage_options=storage_options, progress=not quiet,
+def _options(*decorators):
+    """Apply click option decorators in the order listed (as if stacked above a command)."""
+    def apply(f):
+        for decorator in reversed(decorators):
+            f = decorator(f)
+        return f
+    return apply
+
+
+def _result_options(defaults: bool):
+    """The options that decide the numbers (METRICS.md section 5).  ``defaults``: eval's defaults;
+    otherwise None, meaning "as recorded in the state" (update)."""
+    def option(*names, default=None, help, **kwargs):
+        if not defaults:
+            default, help = None, help + " Default: as in the state."
+        return click.option(*names, default=default, show_default=defaults and default is not None, help=help,
+                            **kwargs)
+
+    return _options(
+        option("--metric", type=click.Choice(list(METRIC_CODES)),
+               help="Distance." + (" Default: the store's default_metric attribute (euclidean if unset)." if defaults
+                                   else "")),
+        option("--protocol", type=click.Choice(PROTOCOLS), default="market",
+               help="market: same-pid same-camera gallery items are junk; none: no camera filter."),
+        option("--junk-pids", default="-1", callback=_int_list,
+               help="Comma-separated pids ignored by the ranking (Market-1501 junk is -1)."),
+        option("--max-rank", type=click.IntRange(min=1), default=50, help="Length of the CMC curve."),
+        option("--precision", type=click.Choice(PRECISIONS), default="float32",
+               help="Precision of the distance GEMM (features are upcast per chunk)."),
+        option("--no-gom", is_flag=True, default=False,
+               help="Skip the GOM open-set metrics (closed-set metrics only, one pass)."),
+        option("--gom-norm", default="minmax",
+               help="GOM distance normalisation: minmax (global min/max, an extra pass), fixed:LO:HI "
+                    "(e.g. fixed:0:2 for cosine, one pass) or none (distances already in [0, 1])."),
+        option("--gom-bins", type=click.IntRange(min=1), default=100, help="Threshold grid size N: tau = 0, 1/N, ..., 1."),
+        option("--gom-b", type=click.IntRange(min=1), default=3000,
+               help="FR cap B: FR = min(returned, B) / B for open-set queries."),
+        option("--gom-vp", type=click.Choice(["reference", "jaccard"]), default="reference",
+               help="VP as the GOM reference code (returns capped at the last positive) or the paper's Jaccard index."),
     )
+
+
+_execution_options = _options(
+    click.option("--query-block", type=click.IntRange(min=1), default=None,
+                 help="Queries per task. Default: all queries if the memory budget allows (gallery read once)."),
+    click.option("--gallery-chunk", type=click.IntRange(min=1), default=None,
+                 help="Gallery rows per task. Default: from --memory-budget, aligned to store chunks."),
+    click.option("--memory-budget", default="1GiB", show_default=True, callback=_bytes,
+                 help="Working memory the chunk sizes are planned for."),
+    click.option("--workers", type=click.IntRange(min=1), default=None,
+                 help="Tasks run at once (threads of the default scheduler). Default: all cores / all cluster threads."),
+    click.option("--scheduler", default=None, metavar="ADDRESS",
+                 help="Run on an existing Dask cluster: its scheduler address, e.g. tcp://10.0.0.5:8786."),
+    click.option("--scheduler-file", type=click.Path(), default=None,
+                 help="Run on the Dask cluster whose scheduler wrote this file (dask scheduler --scheduler-file)."),
+    click.option("--cluster", type=click.Choice(["local"]), default=None,
+                 help="Start a LocalCluster of worker processes for this run."),
+    click.option("--n-workers", type=click.IntRange(min=1), default=None, help="LocalCluster worker processes."),
+    click.option("--threads-per-worker", type=click.IntRange(min=1), default=None,
+                 help="LocalCluster threads per worker."),
+    click.option("--memory-limit", default=None, help="LocalCluster memory limit per worker (e.g. 4GiB)."),
+    click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=15.0, show_default=True,
+                 help="Seconds to wait for a cluster's scheduler and first worker."),
+    click.option("-S", "--storage-option", "storage_options", multiple=True, callback=_key_values,
+                 metavar="KEY=VALUE",
+                 help="fsspec storage option for a URL store (s3://...), repeatable, e.g. -S anon=true."),
+)
+
+_output_options = _options(
+    click.option("--json", "json_path", type=click.Path(), default=None,
+                 help="Write the full result as JSON to this file ('-' for stdout)."),
+    click.option("--per-query", is_flag=True,
+                 help="Include per-query AP, INP, first-hit rank, #positives in the JSON."),
+    click.option("--quiet", "-q", is_flag=True, help="Print no progress and no summary table."),
+)
+
+
+def _show(result, store, json_path, per_query, quiet) -> None:
     if not quiet:
         # with JSON on stdout, the table goes to stderr so the JSON stays parseable
         click.echo(report.summary(result, store), err=json_path == "-")
@@ -163,6 +182,65 @@ def eval_cmd(store, metric, protocol, junk_pids, max_rank, precision, no_gom, go
         else:
             with open(json_path, "w") as fh:
                 fh.write(text + "\n")
+
+
+@main.command("eval")
+@click.argument("store", type=click.Path())
+@_result_options(defaults=True)
+@_execution_options
+@_output_options
+@click.option("--state", type=click.Path(file_okay=False), default=None,
+              help="Also save the per-query state to this directory, for 'streameval update' after appends.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --json file or --state.")
+def eval_cmd(store, json_path, per_query, quiet, state, overwrite, **options):
+    """Evaluate STORE's queries against its gallery, streaming the gallery in chunks."""
+    for path in (json_path, state):
+        if path:
+            _refuse_overwrite(path, overwrite)
+    result = evaluate(store, progress=not quiet, state=state, overwrite_state=True, **options)
+    _show(result, store, json_path, per_query, quiet)
+
+
+@main.command()
+@click.argument("store", type=click.Path())
+@click.option("--state", type=click.Path(file_okay=False), required=True,
+              help="The state saved by 'streameval eval --state' (or a previous update); updated in place, atomically.")
+@_result_options(defaults=False)
+@_execution_options
+@_output_options
+@click.option("--overwrite", is_flag=True, help="Replace an existing --json file.")
+def update(store, state, json_path, per_query, quiet, overwrite, **options):
+    """Score only the gallery rows appended to STORE since --state was saved, and report.
+
+    The result equals a full 'streameval eval'.  Queries that got new positives are re-scored over
+    the old rows too; with minmax GOM normalisation, a new global minimum or maximum distance moves
+    every threshold, so then every query is (the summary says so).  Options that change the counts
+    must match the state's; --max-rank, --gom-b and --gom-vp may differ.
+    """
+    if json_path:
+        _refuse_overwrite(json_path, overwrite)
+    options["no_gom"] = options["no_gom"] or None  # an absent flag means "as in the state"
+    result = incremental.update(store, state, progress=not quiet, **options)
+    _show(result, store, json_path, per_query, quiet)
+
+
+@main.command()
+@click.argument("store", type=click.Path())
+@click.argument("input_npz", type=click.Path(exists=True, dir_okay=False))
+def append(store, input_npz):
+    """Append the gallery rows of INPUT_NPZ to STORE.
+
+    \b
+    Expected arrays (long or short names):
+      gallery_features | gf    gallery_pids | g_pids    gallery_camids | g_camids
+
+    Rows are checked before the store is touched and become visible only once all are written: an
+    interrupted append leaves the store as it was.  Then 'streameval update STORE --state STATE'
+    scores just the new rows.
+    """
+    before = len(open_store(store).gallery)
+    opened = convert_mod.append_npz(input_npz, store)
+    click.echo(f"appended {len(opened.gallery) - before:,} rows: " + report.store_summary(opened))
 
 
 @main.command()

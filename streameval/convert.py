@@ -1,4 +1,5 @@
-"""``convert_npz``: an .npz of query/gallery features and ids -> a feature store.
+"""``convert_npz``: an .npz of query/gallery features and ids -> a feature store; ``append_npz``: an
+.npz of gallery rows -> appended to a store.
 
 The .npz holds six arrays, under their long or short names (``evaluate.ARRAY_NAMES``)::
 
@@ -28,7 +29,8 @@ from numpy.lib import format as npy_format
 from . import plan
 from .errors import OptionError, StoreError
 from .evaluate import ARRAY_NAMES, pick_array
-from .store import FEATURE_DTYPES, METRICS, Store, check_batch, commit_gallery, create_store, write_rows
+from .store import (FEATURE_DTYPES, METRICS, Store, append_batches, check_batch, commit_gallery, create_store,
+                    open_store, write_rows)
 
 _READ_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError)
 
@@ -97,11 +99,11 @@ def _read_exact(fh, nbytes: int) -> bytes:
     return b"".join(parts) if len(parts) != 1 else parts[0]
 
 
-def _open_members(zf: zipfile.ZipFile, src: str) -> dict:
-    """The six arrays by their long names (missing ones named in the error, with what is there)."""
+def _open_members(zf: zipfile.ZipFile, src: str, sets=("query", "gallery")) -> dict:
+    """The arrays of ``sets`` by their long names (missing ones named in the error, with what is there)."""
     available = {info.filename[:-4]: info for info in zf.infolist() if info.filename.endswith(".npy")}
     members = {}
-    for long_name in ARRAY_NAMES:
+    for long_name in (name for name in ARRAY_NAMES if name.split("_")[0] in sets):
         try:
             info = pick_array(available, long_name)
         except OptionError as exc:
@@ -111,9 +113,9 @@ def _open_members(zf: zipfile.ZipFile, src: str) -> dict:
     return members
 
 
-def _check_headers(members: dict, src: str) -> int:
-    """Shapes and dtypes of the six arrays; returns the feature dimension."""
-    for set_name in ("query", "gallery"):
+def _check_headers(members: dict, src: str, sets=("query", "gallery")) -> int:
+    """Shapes and dtypes of the arrays of ``sets``; returns the feature dimension."""
+    for set_name in sets:
         feats = members[f"{set_name}_features"]
         if len(feats.shape) != 2:
             raise StoreError(f"'{src}': '{feats.name}' must be 2-D (rows x dim), got shape {feats.shape}")
@@ -132,12 +134,12 @@ def _check_headers(members: dict, src: str) -> int:
                     f"'{src}': '{ids.name}' has {ids.shape[0]} entries but '{feats.name}' has {feats.shape[0]} rows; "
                     "features, pids and camids must have one entry per image"
                 )
-    qf, gf = members["query_features"], members["gallery_features"]
-    if qf.shape[1] != gf.shape[1]:
+    dims = {set_name: members[f"{set_name}_features"].shape[1] for set_name in sets}
+    if len(set(dims.values())) > 1:
         raise StoreError(
-            f"'{src}': query features have dimension {qf.shape[1]} but gallery features have {gf.shape[1]}"
+            f"'{src}': query features have dimension {dims['query']} but gallery features have {dims['gallery']}"
         )
-    return int(qf.shape[1])
+    return int(dims[sets[0]])
 
 
 def _batches(members: dict, set_name: str, step: int):
@@ -204,14 +206,36 @@ def convert_npz(
             raise StoreError(f"the output '{os.fspath(out)}' is the input file")
         if os.path.exists(out) and not overwrite:
             raise StoreError(f"'{os.fspath(out)}' already exists; pass --overwrite (overwrite=True) to replace it")
+    with _open_archive(src) as zf:
+        return _convert(zf, src, out, dtype, chunk_rows, default_metric, overwrite)
+
+
+def append_npz(input_npz, store_target) -> Store:
+    """Append the gallery rows of an .npz (``gallery_features``, ``gallery_pids``,
+    ``gallery_camids`` or ``gf``, ``g_pids``, ``g_camids``) to an existing store, streamed a store
+    chunk at a time.  Everything is checked before the store is touched; the rows become visible
+    only once all are written (``store.append_batches``)."""
+    src = os.fspath(input_npz)
+    if not os.path.isfile(src):
+        raise StoreError(f"no input file at '{src}'")
+    store = open_store(store_target)
+    with _open_archive(src) as zf:
+        members = _open_members(zf, src, sets=("gallery",))
+        dim = _check_headers(members, src, sets=("gallery",))
+        if dim != store.dim:
+            raise StoreError(f"'{src}': gallery features have dimension {dim} but the store's have {store.dim}")
+        step = store.gallery.chunk_rows
+        _check_values(members, "gallery", step, dim, store.gallery.features.dtype, src)
+        return append_batches(store_target, members["gallery_features"].shape[0], _batches(members, "gallery", step))
+
+
+def _open_archive(src: str) -> zipfile.ZipFile:
     if not zipfile.is_zipfile(src):
         raise StoreError(f"'{src}' is not an .npz archive (a zip of .npy arrays, as numpy.savez writes)")
     try:
-        zf = zipfile.ZipFile(src)
+        return zipfile.ZipFile(src)
     except _READ_ERRORS as exc:
         raise StoreError(f"cannot read '{src}': {exc}") from None
-    with zf:
-        return _convert(zf, src, out, dtype, chunk_rows, default_metric, overwrite)
 
 
 def _convert(zf, src, out, dtype, chunk_rows, default_metric, overwrite) -> Store:

@@ -29,12 +29,28 @@ def summary(result: Result, label: str = "") -> str:
         ]
     if result.gom is not None:
         lines += _gom_lines(result.gom)
+    if run.get("update"):
+        lines.append(_update_line(run["update"], result.n_queries))
     if run:
         lines.append(
             f"  {run['elapsed_s']:.2f} s   {run['pairs_per_s'] / 1e6:,.1f} M pairs/s   read {run['bytes_read'] / 2**20:,.1f} MiB   "
             f"blocks {run['query_block']:,} x {run['gallery_chunk']:,}   {run['workers']} workers on {run['scheduler']}"
         )
     return "\n".join(lines)
+
+
+def _update_line(update: dict, n_queries: int) -> str:
+    """What an incremental update scored, and why it re-scored old rows."""
+    if update["rows_added"] == 0:
+        return f"  update: no gallery rows added since the state ({update['rows_before']:,} rows); nothing scored"
+    line = f"  update: +{update['rows_added']:,} gallery rows (had {update['rows_before']:,}); "
+    if update["range_moved"]:
+        before, after = update["range_before"], update["range_after"]
+        return line + (f"the minmax range moved from [{before[0]:.6g}, {before[1]:.6g}] to [{after[0]:.6g}, "
+                       f"{after[1]:.6g}], moving every GOM threshold: all {n_queries:,} queries re-scored over the old rows")
+    if update["queries_rescored"]:
+        return line + f"{update['queries_rescored']:,} queries with new positives re-scored over the old rows"
+    return line + "no new positives: only the new rows scored"
 
 
 def _num(value, fmt=".4f") -> str:

@@ -305,21 +305,28 @@ def write_store(
 
 
 def append_gallery(target, features, pids, camids) -> Store:
-    """Append rows to the gallery of an existing store and return the reopened store.
+    """Append rows to the gallery of an existing store and return the reopened store (see
+    ``append_batches``)."""
+    fs = open_store(target).gallery
+    features, pids, camids = check_batch(features, pids, camids, "appended gallery", fs.dim)
+    step = fs.chunk_rows
+    batches = ((first, features[first:first + step], pids[first:first + step], camids[first:first + step])
+               for first in range(0, features.shape[0], step))
+    return append_batches(target, features.shape[0], batches)
+
+
+def append_batches(target, n_rows: int, batches) -> Store:
+    """Append ``n_rows`` gallery rows given as ``(offset, features, pids, camids)`` batches.
 
     Data first, the committed row count last: interrupted anywhere, the store still reads as it was
     (a half-written tail past the committed rows is ignored, and dropped by the next append).
     """
-    store = open_store(target, mode="r+")
-    fs = store.gallery
-    features, pids, camids = check_batch(features, pids, camids, "appended gallery", fs.dim)
+    fs = open_store(target, mode="r+").gallery
     start = len(fs)
-    stop = start + features.shape[0]
     for arr in (fs.features, fs.pids, fs.camids):
-        arr.resize((stop,) + arr.shape[1:])
-    for first in range(0, features.shape[0], fs.chunk_rows):
-        last = first + fs.chunk_rows
-        write_rows(fs, start + first, features[first:last], pids[first:last], camids[first:last])
+        arr.resize((start + n_rows,) + arr.shape[1:])
+    for offset, features, pids, camids in batches:
+        write_rows(fs, start + offset, features, pids, camids)
     return commit_gallery(target)
 
 

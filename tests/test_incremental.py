@@ -1,0 +1,389 @@
+"""Incremental re-evaluation (``streameval update``) equals a full evaluation after every append.
+
+A hypothesis state machine appends random batches to a store on disk - distractors only, new
+positives of existing queries (also of open-set queries), rows far from everything (a new minmax
+maximum), copies of query rows (a new minimum) - and after each update checks the result against a
+full ``evaluate`` of the store (bit for bit) and against the brute-force reference.  Integer-valued
+features keep every distance exact, so ties and threshold hits are exercised too.
+
+Then: refusals of states that do not match, and interruptions (a real process killed in the middle
+of an append or of an update) that must leave the previous store and state readable and valid.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import numpy as np
+import pytest
+import zarr
+from click.testing import CliRunner
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import streameval
+from streameval.cli import main
+from streameval.report import summary
+from streameval.statestore import POINTER, StateError, load_state
+from streameval.store import COMMITTED_ATTR
+
+from reference import distance_matrix, reference_evaluate, reference_gom
+from test_engine_vs_reference import assert_matches_reference
+from test_gom_vs_reference import assert_gom_matches
+
+DIM = 4
+N_IDS = 6
+VMAX = 2  # feature values in [-VMAX, VMAX]: many exact ties
+
+
+def comparable(result) -> dict:
+    out = result.to_dict(per_query=True)
+    out.pop("run")
+    return out
+
+
+def random_rows(rng, n, pids, cams=3, scale=1):
+    return (scale * rng.integers(-VMAX, VMAX + 1, (n, DIM))).astype(np.float32), np.asarray(pids), rng.integers(0, cams, n)
+
+
+# ------------------------------------------------------------------------------------ state machine
+
+
+class GrowingGallery(RuleBasedStateMachine):
+    """A store that grows batch by batch, its state updated after each append."""
+
+    @initialize(
+        seed=st.integers(0, 2**32 - 1), n_query=st.integers(1, 8), n_gallery=st.integers(1, 40),
+        norm=st.sampled_from(["minmax", "fixed:0:6", "none", "off"]), metric=st.sampled_from(["euclidean", "sqeuclidean"]),
+        chunk_rows=st.integers(1, 16),
+    )
+    def start(self, seed, n_query, n_gallery, norm, metric, chunk_rows):
+        self.rng = np.random.default_rng(seed)
+        self.dir = tempfile.mkdtemp(prefix="streameval-inc-")
+        self.store = os.path.join(self.dir, "s.zarr")
+        self.state = os.path.join(self.dir, "state")
+        # query pids up to N_IDS + 1: some queries are open-set until an append brings their identity
+        self.query = random_rows(self.rng, n_query, self.rng.integers(1, N_IDS + 2, n_query))
+        gallery = random_rows(self.rng, n_gallery, self.rng.integers(-1, N_IDS + 1, n_gallery))
+        streameval.write_store(self.store, *self.query, *gallery, chunk_rows=chunk_rows)
+        gom = {"no_gom": True} if norm == "off" else {"gom_norm": norm, "gom_bins": 10, "gom_b": 5}
+        self.options = dict(metric=metric, **gom)
+        self.result = streameval.evaluate(self.store, state=self.state, **self.options)
+        self.appended = False
+
+    def teardown(self):
+        shutil.rmtree(getattr(self, "dir", ""), ignore_errors=True)
+
+    def _append(self, features, pids, camids):
+        streameval.append_gallery(self.store, features, pids, camids)
+        self.appended = True
+
+    @rule(n=st.integers(1, 12))
+    def append_distractors(self, n):
+        """pid 0 and junk: no new positives."""
+        self._append(*random_rows(self.rng, n, self.rng.integers(-1, 1, n)))
+
+    @rule(n=st.integers(1, 6))
+    def append_new_positives(self, n):
+        """Images of the queries' identities, in any camera (some are same-camera junk)."""
+        self._append(*random_rows(self.rng, n, self.rng.choice(self.query[1], n)))
+
+    @rule(scale=st.integers(2, 4))
+    def append_far_row(self, scale):
+        """A row far from every query: a new global maximum distance."""
+        self._append(*random_rows(self.rng, 1, [0], scale=scale * 3))
+
+    @rule(data=st.data())
+    def append_query_copy(self, data):
+        """A copy of a query row: distance 0, a new global minimum (and a tie of equal rows)."""
+        q = data.draw(st.integers(0, len(self.query[1]) - 1))
+        pid = data.draw(st.sampled_from([0, int(self.query[1][q])]))
+        self._append(self.query[0][q:q + 1], np.array([pid]), np.array([(self.query[2][q] + 1) % 3]))
+
+    @precondition(lambda self: self.appended)
+    @rule(gallery_chunk=st.one_of(st.none(), st.integers(1, 30)), query_block=st.one_of(st.none(), st.integers(1, 8)))
+    def update(self, gallery_chunk, query_block):
+        self.result = streameval.update(self.store, self.state, gallery_chunk=gallery_chunk, query_block=query_block)
+        self.appended = False
+        assert self.result.run["update"]["rows_added"] > 0
+
+    @precondition(lambda self: not self.appended)
+    @invariant()
+    def update_equals_full_evaluation(self):
+        full = streameval.evaluate(self.store, **self.options)
+        assert comparable(self.result) == comparable(full)
+        assert load_state(self.state).covers["gallery_rows"] == full.n_gallery
+
+    @precondition(lambda self: not self.appended)
+    @invariant()
+    def update_equals_reference(self):
+        store = streameval.open_store(self.store)
+        qf, qp, qc = (np.asarray(a[:]) for a in (store.query.features, store.query.pids, store.query.camids))
+        gf, gp, gc = (np.asarray(a[:len(store.gallery)]) for a in
+                      (store.gallery.features, store.gallery.pids, store.gallery.camids))
+        ref = reference_evaluate(qf, qp, qc, gf, gp, gc, metric=self.options["metric"])
+        assert_matches_reference(self.result, ref, 50)
+        if "gom_norm" in self.options:
+            norm = self.options["gom_norm"]
+            norm = (0.0, 6.0) if norm.startswith("fixed") else norm
+            gom = reference_gom(distance_matrix(qf, gf, self.options["metric"]), qp, qc, gp, gc, norm=norm, bins=10, b=5)
+            assert_gom_matches(self.result.gom, gom)
+
+
+GrowingGallery.TestCase.settings = settings(
+    max_examples=25, stateful_step_count=8, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+test_update_equals_full_evaluation = GrowingGallery.TestCase
+
+
+# ------------------------------------------------------------------------------------ fixed scenarios
+
+
+def make_store(tmp_path, n_query=20, n_gallery=300, seed=0, name="s.zarr"):
+    rng = np.random.default_rng(seed)
+    path = tmp_path / name
+    query = random_rows(rng, n_query, rng.integers(1, N_IDS + 2, n_query))
+    streameval.write_store(path, *query, *random_rows(rng, n_gallery, rng.integers(-1, N_IDS + 1, n_gallery)),
+                           chunk_rows=64)
+    return str(path), rng, query
+
+
+def test_distractor_appends_with_fixed_norm_score_only_the_new_rows(tmp_path):
+    store, rng, _ = make_store(tmp_path)
+    state = tmp_path / "state"
+    streameval.evaluate(store, state=state, gom_norm="fixed:0:8")
+    streameval.append_gallery(store, *random_rows(rng, 30, np.zeros(30, int)))
+    result = streameval.update(store, state)
+    facts = result.run["update"]
+    assert facts == {"rows_before": 300, "rows_added": 30, "queries_with_new_positives": 0, "queries_rescored": 0,
+                     "range_before": None, "range_after": None, "range_moved": False}
+    assert comparable(result) == comparable(streameval.evaluate(store, gom_norm="fixed:0:8"))
+
+
+def test_a_new_extreme_distance_is_detected_and_reported(tmp_path):
+    store, rng, _ = make_store(tmp_path)
+    state = tmp_path / "state"
+    before = streameval.evaluate(store, state=state).gom
+    streameval.append_gallery(store, *random_rows(rng, 1, [0], scale=10))
+    result = streameval.update(store, state)
+    facts = result.run["update"]
+    assert facts["range_moved"] and facts["queries_rescored"] == 20
+    assert facts["range_before"] == [before["dmin"], before["dmax"]] and facts["range_after"][1] > before["dmax"]
+    assert "minmax range moved" in summary(result)
+    assert comparable(result) == comparable(streameval.evaluate(store))
+
+
+def test_nothing_appended_rewrites_nothing(tmp_path):
+    store, _, _ = make_store(tmp_path)
+    state = tmp_path / "state"
+    full = streameval.evaluate(store, state=state)
+    version = load_state(state).version
+    result = streameval.update(store, state, max_rank=5)
+    assert result.run["update"]["rows_added"] == 0 and load_state(state).version == version
+    assert result.max_rank == 5 and list(result.cmc) == list(full.cmc[:5]) and result.mAP == full.mAP
+
+
+def test_report_options_may_change_on_update(tmp_path):
+    store, rng, query = make_store(tmp_path)
+    state = tmp_path / "state"
+    streameval.evaluate(store, state=state, gom_vp="reference", max_rank=50)
+    streameval.append_gallery(store, *random_rows(rng, 10, query[1][:10]))
+    result = streameval.update(store, state, gom_vp="jaccard", max_rank=7, gom_b=4)
+    assert comparable(result) == comparable(streameval.evaluate(store, gom_vp="jaccard", max_rank=7, gom_b=4))
+
+
+# ------------------------------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"metric": "cosine"}, r"other options \(metric 'euclidean' -> 'cosine'\)"),
+    ({"gom_norm": "fixed:0:3"}, "other options .*'norm': 'minmax'"),
+    ({"no_gom": True}, "other options"),
+    ({"protocol": "none"}, "protocol 'market' -> 'none'"),
+    ({"junk_pids": (-1, 0)}, r"junk_pids \[-1\] -> \[-1, 0\]"),
+    ({"precision": "float64"}, "precision"),
+])
+def test_other_options_are_refused(tmp_path, options, message):
+    store, _, _ = make_store(tmp_path)
+    state = tmp_path / "state"
+    streameval.evaluate(store, state=state)
+    with pytest.raises(StateError, match=message):
+        streameval.update(store, state, **options)
+
+
+def test_other_queries_are_refused(tmp_path):
+    store, _, _ = make_store(tmp_path)
+    other, _, _ = make_store(tmp_path, seed=1, name="other.zarr")
+    state = tmp_path / "state"
+    streameval.evaluate(store, state=state)
+    with pytest.raises(StateError, match="other queries"):
+        streameval.update(other, state)
+
+
+def test_a_gallery_that_shrank_is_refused(tmp_path):
+    store, _, _ = make_store(tmp_path)
+    state = tmp_path / "state"
+    streameval.evaluate(store, state=state)
+    zarr.open_group(store, mode="r+").attrs[COMMITTED_ATTR] = 250  # as if truncated
+    with pytest.raises(StateError, match="covers 300 gallery rows but .* has 250: the gallery shrank"):
+        streameval.update(store, state)
+
+
+@pytest.mark.parametrize("how", ["recreated", "edited"])
+def test_a_rewritten_gallery_is_refused(tmp_path, how):
+    store, rng, query = make_store(tmp_path)
+    state = tmp_path / "state"
+    streameval.evaluate(store, state=state)
+    if how == "recreated":  # same queries, same size, new data: a new store uid
+        gallery = random_rows(rng, 300, rng.integers(1, N_IDS + 1, 300))
+        streameval.write_store(store, *query, *gallery, chunk_rows=64, overwrite=True)
+    else:  # edited in place behind streameval's back: the sampled rows differ
+        features = zarr.open_group(store, mode="r+")["gallery/features"]
+        features[0] = features[0] + 1
+    streameval.append_gallery(store, *random_rows(rng, 5, np.zeros(5, int)))
+    with pytest.raises(StateError, match="was rewritten"):
+        streameval.update(store, state)
+
+
+def test_eval_refuses_to_replace_a_state_or_a_foreign_directory(tmp_path):
+    store, _, _ = make_store(tmp_path)
+    state = tmp_path / "state"
+    streameval.evaluate(store, state=state)
+    with pytest.raises(StateError, match="already exists"):
+        streameval.evaluate(store, state=state)
+    streameval.evaluate(store, state=state, overwrite_state=True)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(StateError, match="not a streameval state"):
+        streameval.evaluate(store, state=mine, overwrite_state=True)
+    assert (mine / "notes.txt").read_text() == "keep me"
+    with pytest.raises(StateError, match="no state at"):
+        streameval.update(store, tmp_path / "nowhere")
+
+
+# -------------------------------------------------------------------------------------- interruptions
+
+
+CRASH = textwrap.dedent("""
+    import os, signal, sys
+    import numpy as np
+    import streameval, streameval.statestore, streameval.store
+    def die(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+    what, store, state = sys.argv[1:4]
+    if what == "update":  # killed once the new version is written, before it is made live
+        streameval.statestore._sync_tree = die
+        streameval.update(store, state)
+    else:  # append: killed after the first batch of rows is written, before the commit
+        real = streameval.store.write_rows
+        def write_then_die(*args):
+            real(*args)
+            die()
+        streameval.store.write_rows = write_then_die
+        rng = np.random.default_rng(0)
+        streameval.append_gallery(store, rng.integers(-2, 3, (40, 4)).astype(np.float32),
+                                  np.full(40, 3), np.zeros(40, np.int64))
+""")
+
+
+def crash(*args):
+    done = subprocess.run([sys.executable, "-c", CRASH, *map(str, args)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+
+
+def test_update_killed_before_the_swap_leaves_the_previous_state(tmp_path):
+    store, rng, query = make_store(tmp_path)
+    state = tmp_path / "state"
+    streameval.evaluate(store, state=state)
+    before = load_state(state)
+    streameval.append_gallery(store, *random_rows(rng, 20, query[1][:20]))
+    crash("update", store, state)
+    assert len([name for name in os.listdir(state) if name.endswith(".zarr")]) == 2  # the dead one's leftover
+    after = load_state(state)
+    assert after.version == before.version and after.covers == before.covers
+    np.testing.assert_array_equal(after.query_state.ranks.neg_hist, before.query_state.ranks.neg_hist)
+    result = streameval.update(store, state)  # picks up where the previous state was, cleans up
+    assert comparable(result) == comparable(streameval.evaluate(store))
+    assert sorted(os.listdir(state)) == [POINTER, load_state(state).version]
+
+
+def test_append_killed_mid_write_leaves_the_store_and_state_consistent(tmp_path):
+    store, rng, _ = make_store(tmp_path)
+    state = tmp_path / "state"
+    full = streameval.evaluate(store, state=state)
+    crash("append", store, state)
+    opened = streameval.open_store(store)
+    assert len(opened.gallery) == 300 and opened.gallery.features.shape[0] == 340  # an uncommitted tail
+    result = streameval.update(store, state)
+    assert result.run["update"]["rows_added"] == 0 and comparable(result) == comparable(full)
+    streameval.append_gallery(store, *random_rows(rng, 10, np.zeros(10, int)))  # replaces the tail
+    assert comparable(streameval.update(store, state)) == comparable(streameval.evaluate(store))
+
+
+def test_update_interrupted_by_ctrl_c_keeps_the_state(tmp_path, monkeypatch):
+    store, rng, _ = make_store(tmp_path)
+    state = tmp_path / "state"
+    full = comparable(streameval.evaluate(store, state=state))
+    streameval.append_gallery(store, *random_rows(rng, 20, np.zeros(20, int)))
+
+    def interrupt(*args):
+        raise KeyboardInterrupt
+
+    # Ctrl-C lands on the main thread while the new version is being made durable, before the swap
+    monkeypatch.setattr(streameval.statestore, "_sync_tree", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        streameval.update(store, state)
+    monkeypatch.undo()
+    assert load_state(state).covers["gallery_rows"] == 300
+    assert comparable(streameval.update(store, state, gallery_chunk=7)) == comparable(streameval.evaluate(store))
+    assert full != comparable(streameval.evaluate(store))
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def invoke(*args, code=0):
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == code, (result.exit_code, result.output, result.exception)
+    return result
+
+
+def test_cli_eval_state_append_update(tmp_path):
+    store, rng, query = make_store(tmp_path)
+    state = tmp_path / "state"
+    invoke("eval", store, "--state", state, "-q")
+    features, pids, camids = random_rows(rng, 25, np.r_[np.zeros(20, int), query[1][:5]])
+    np.savez(tmp_path / "new.npz", gf=features, g_pids=pids, g_camids=camids)
+    assert "appended 25 rows" in invoke("append", store, tmp_path / "new.npz").stdout
+    out = invoke("update", store, "--state", state, "--json", tmp_path / "u.json")
+    assert "update: +25 gallery rows (had 300)" in out.stdout
+    invoke("eval", store, "--json", tmp_path / "f.json", "-q")
+    import json
+
+    got, want = (json.loads((tmp_path / name).read_text()) for name in ("u.json", "f.json"))
+    assert got.pop("run")["update"]["rows_added"] == 25
+    want.pop("run")
+    assert got == want
+
+
+def test_cli_refusals_are_one_line_errors(tmp_path):
+    store, rng, _ = make_store(tmp_path)
+    state = tmp_path / "state"
+    invoke("eval", store, "--state", state, "-q")
+    bad = invoke("update", store, "--state", state, "--metric", "cosine", code=3)
+    assert bad.stderr.startswith("error: the state at") and "Traceback" not in bad.output
+    np.savez(tmp_path / "bad.npz", gf=np.zeros((2, DIM + 1), np.float32), g_pids=[1, 2], g_camids=[0, 0])
+    assert "dimension 5 but the store's have 4" in invoke("append", store, tmp_path / "bad.npz", code=3).stderr
+    np.savez(tmp_path / "nan.npz", gf=np.full((2, DIM), np.nan, np.float32), g_pids=[1, 2], g_camids=[0, 0])
+    assert "non-finite" in invoke("append", store, tmp_path / "nan.npz", code=3).stderr
+    assert len(streameval.open_store(store).gallery) == 300
+    assert "exists; pass --overwrite" in invoke("eval", store, "--state", state, "-q", code=2).output
