@@ -73,6 +73,8 @@ class Positives:
 
     def union(self, other: "Positives") -> "Positives":
         """Positives of the same queries over this and ``other``'s (disjoint) gallery rows."""
+        if other.dist.shape[0] == 0:  # the common update (distractors only): no re-sort
+            return Positives(self.offsets, self.dist, self.gidx, self.junk + other.junk)
         return Positives.from_pairs(
             self.n_queries, np.concatenate([self.query_rows(), other.query_rows()]),
             np.concatenate([self.gidx, other.gidx]), np.concatenate([self.dist, other.dist]), self.junk + other.junk,
