@@ -5,7 +5,7 @@ Three passes over gallery rows [start, stop), each built per query block (``Plan
     load_rows(queries) ─┬─> find_positive_pairs(chunk 0..C) ─> collect_positives     positives pass
                         ├─> [minmax GOM only] block_range(chunk 0..C) ─> tree of min/max  range pass
                         └─> score_chunk(chunk 0..C, positives, normalisation)            scoring pass
-                                    └─> tree of RankState.merge
+                              in W chains (chunk w, w+W, ...) ─> tree of RankState.merge
 
 ``build`` chains them over the whole gallery (one graph: the scoring tasks wait for the positives
 and, with ``minmax``, for the global range).  Incremental updates (``incremental.py``) run the
@@ -13,6 +13,9 @@ passes over the new rows and over the old rows of a subset of the queries.
 
 Tasks receive the store's arrays (not data) and read their own gallery rows, so nothing but small
 states travels between workers; a query block and its positives are computed once and shared.
+A scoring task's state has a slot per positive of its query block, so the scoring pass runs as one
+chain of tasks per worker (each task adds its chunk to a copy of its predecessor's state): only
+O(workers) states are alive at once, however many chunks the gallery has.
 """
 
 from __future__ import annotations
@@ -148,11 +151,15 @@ def positives_range(positives: Positives) -> DistanceRange:
 
 
 def score_chunk(gallery: FeatureSet, start: int, stop: int, queries: Rows, positives: Positives,
-                scoring: Scoring, norm: Normalisation) -> RankState:
-    """Slot counts (and GOM threshold histograms) of the negatives in gallery rows [start, stop)."""
+                scoring: Scoring, norm: Normalisation, before: RankState | None) -> RankState:
+    """``before`` (if any) plus the slot counts (and GOM threshold histograms) of the negatives in
+    gallery rows [start, stop)."""
     gom = scoring.gom
     n_bins = gom.bins if gom else 1
-    state = RankState.empty(positives.dist.shape[0], len(queries.pids), n_bins + 2 if gom else 0)
+    if before is None:
+        state = RankState.empty(positives.dist.shape[0], len(queries.pids), n_bins + 2 if gom else 0)
+    else:  # a copy, so a task never changes its input (Dask may hold or re-use it)
+        state = RankState(before.neg_slots.copy(), before.neg_hist.copy())
     chunk = load_rows(gallery, slice(start, stop), scoring)
     junk = scoring.protocol.junk_mask(chunk.pids)
     for rows, dots in _sub_blocks(queries, chunk):
@@ -213,10 +220,14 @@ def range_pass(gallery: FeatureSet, plan: Plan, scoring: Scoring, blocks, start:
 
 
 def scoring_pass(gallery: FeatureSet, plan: Plan, scoring: Scoring, queries, positives, norm, start: int, stop: int):
-    """Delayed RankState of one query block over gallery rows [start, stop)."""
+    """Delayed RankState of one query block over gallery rows [start, stop): a chain of chunks per
+    worker, the chains' states merged at the end."""
     chunks = plan.gallery_ranges(stop, start)
-    return tree_reduce([delayed(score_chunk)(gallery, a, b, queries, positives, scoring, norm) for a, b in chunks],
-                       RankState.merge)
+    chains = [None] * max(1, min(plan.workers, len(chunks)))
+    for i, (a, b) in enumerate(chunks):
+        chains[i % len(chains)] = delayed(score_chunk)(gallery, a, b, queries, positives, scoring, norm,
+                                                       chains[i % len(chains)])
+    return tree_reduce(chains, RankState.merge)
 
 
 def build(query: FeatureSet, gallery: FeatureSet, plan: Plan, scoring: Scoring):
