@@ -99,6 +99,24 @@ class Execution:
     cluster: ClusterOptions = ClusterOptions()
     progress: bool = False
 
+    @classmethod
+    def from_options(cls, caller: str, options: dict) -> "Execution":
+        """From the execution keywords of ``evaluate`` / ``update`` (``EXECUTION_DEFAULTS``)."""
+        unknown = sorted(set(options) - set(EXECUTION_DEFAULTS))
+        if unknown:
+            raise TypeError(f"{caller}() got unexpected keyword argument(s): {', '.join(unknown)}")
+        o = {**EXECUTION_DEFAULTS, **options}
+        cluster = ClusterOptions(o["scheduler"], o["scheduler_file"], o["cluster"], o["n_workers"],
+                                 o["threads_per_worker"], o["memory_limit"], o["connect_timeout"])
+        return cls(o["query_block"], o["gallery_chunk"], o["memory_budget"], o["workers"], cluster, o["progress"])
+
+
+EXECUTION_DEFAULTS = {  # where and in which chunks to run: the keywords evaluate and update share
+    "query_block": None, "gallery_chunk": None, "memory_budget": DEFAULT_MEMORY_BUDGET, "workers": None,
+    "scheduler": None, "scheduler_file": None, "cluster": None, "n_workers": None, "threads_per_worker": None,
+    "memory_limit": None, "connect_timeout": CONNECT_TIMEOUT_S, "progress": False,
+}
+
 
 class Runner:
     """A connected session: the chunk plan and a way to compute graphs on the chosen scheduler."""
@@ -149,21 +167,10 @@ def evaluate(
     gom_bins: int = 100,
     gom_b: int = 3000,
     gom_vp: str = "reference",
-    query_block: int | None = None,
-    gallery_chunk: int | None = None,
-    memory_budget=DEFAULT_MEMORY_BUDGET,
-    workers: int | None = None,
-    scheduler: str | None = None,
-    scheduler_file: str | None = None,
-    cluster: str | None = None,
-    n_workers: int | None = None,
-    threads_per_worker: int | None = None,
-    memory_limit: str | None = None,
-    connect_timeout: float = CONNECT_TIMEOUT_S,
     storage_options: dict | None = None,
-    progress: bool = False,
     state: str | os.PathLike | None = None,
     overwrite_state: bool = False,
+    **execution,
 ) -> metrics.Result:
     """Evaluate query against gallery features; return a :class:`~streameval.metrics.Result`.
 
@@ -174,17 +181,21 @@ def evaluate(
 
     GOM open-set metrics (``gom_*`` options, METRICS.md section 4) are computed unless ``no_gom``.
 
-    Where it runs: ``scheduler`` (tcp://host:port), ``scheduler_file`` or ``cluster="local"`` (with
-    ``n_workers``, ``threads_per_worker``, ``memory_limit`` as for LocalCluster) run it on a Dask
-    cluster (checked first, giving up after ``connect_timeout`` seconds); otherwise an active
-    ``dask.distributed`` Client is used, or else Dask's threaded scheduler with ``workers`` threads
-    (default: all cores).  BLAS runs one thread per task.  ``progress`` draws task progress on stderr.
+    ``execution`` keywords (``EXECUTION_DEFAULTS``) never change a number.  Chunks: ``query_block``
+    queries x ``gallery_chunk`` gallery rows per task, by default planned from ``memory_budget``
+    (bytes or e.g. "1GiB").  Where it runs: ``scheduler`` (tcp://host:port), ``scheduler_file`` or
+    ``cluster="local"`` (with ``n_workers``, ``threads_per_worker``, ``memory_limit`` as for
+    LocalCluster) run it on a Dask cluster (checked first, giving up after ``connect_timeout``
+    seconds); otherwise an active ``dask.distributed`` Client is used, or else Dask's threaded
+    scheduler with ``workers`` threads (default: all cores).  BLAS runs one thread per task.
+    ``progress`` draws task progress on stderr.
 
     ``state``: also save the per-query state to this directory, so that ``streameval.update`` can
     later score only the gallery rows appended since (an existing state is replaced only with
     ``overwrite_state``).
     """
     started = time.perf_counter()
+    execution = Execution.from_options("evaluate", execution)
     store = _as_store(data, storage_options)
     settings = Settings.parse(store, metric, protocol, junk_pids, max_rank, precision, no_gom, gom_norm, gom_bins,
                               gom_b, gom_vp)
@@ -192,9 +203,6 @@ def evaluate(
         from .statestore import check_writable
 
         check_writable(state, overwrite_state)
-    cluster_options = ClusterOptions(scheduler, scheduler_file, cluster, n_workers, threads_per_worker, memory_limit,
-                                     connect_timeout)
-    execution = Execution(query_block, gallery_chunk, memory_budget, workers, cluster_options, progress)
     with session(store, settings, execution) as runner:
         query_state, read = full_state(store, settings, runner)
     if state is not None:

@@ -26,10 +26,8 @@ import numpy as np
 from dask import delayed
 
 from . import graph
-from .cluster import CONNECT_TIMEOUT_S, ClusterOptions
 from .evaluate import Execution, Runner, Settings, _as_store, make_result, session
 from .gom import DistanceRange
-from .plan import DEFAULT_MEMORY_BUDGET
 from .state import Positives, QueryState, RankState
 from .statestore import check_matches, load_state, save_state
 from .store import Store
@@ -49,19 +47,8 @@ def update(
     gom_bins: int | None = None,
     gom_b: int | None = None,
     gom_vp: str | None = None,
-    query_block: int | None = None,
-    gallery_chunk: int | None = None,
-    memory_budget=DEFAULT_MEMORY_BUDGET,
-    workers: int | None = None,
-    scheduler: str | None = None,
-    scheduler_file: str | None = None,
-    cluster: str | None = None,
-    n_workers: int | None = None,
-    threads_per_worker: int | None = None,
-    memory_limit: str | None = None,
-    connect_timeout: float = CONNECT_TIMEOUT_S,
     storage_options: dict | None = None,
-    progress: bool = False,
+    **execution,
 ):
     """Extend the state saved at ``state`` to every committed gallery row of ``data`` (a store path,
     URL or :class:`~streameval.store.Store`) and return the :class:`~streameval.metrics.Result`,
@@ -70,9 +57,10 @@ def update(
     Options default to the state's.  ``max_rank``, ``gom_b`` and ``gom_vp`` may differ (they only
     shape the report); the others decide the counts, and a value different from the state's is
     refused (StateError), as is a state of other queries or of a gallery that shrank or was
-    rewritten.  Execution options are those of ``evaluate``.
+    rewritten.  The ``execution`` keywords are those of ``evaluate``.
     """
     started = time.perf_counter()
+    execution = Execution.from_options("update", execution)
     store = _as_store(data, storage_options)
     saved = load_state(state)
     given = dict(metric=metric, protocol=protocol, junk_pids=junk_pids, max_rank=max_rank, precision=precision,
@@ -80,9 +68,6 @@ def update(
     settings = Settings.parse(store, **{**saved.options, **{k: v for k, v in given.items() if v is not None}})
     query_hash = check_matches(saved, store, settings)
     old = saved.query_state
-    cluster_options = ClusterOptions(scheduler, scheduler_file, cluster, n_workers, threads_per_worker, memory_limit,
-                                     connect_timeout)
-    execution = Execution(query_block, gallery_chunk, memory_budget, workers, cluster_options, progress)
     with session(store, settings, execution) as runner:
         if len(store.gallery) == old.gallery_rows:
             new, facts, read, pairs = old, _facts(old, old, np.empty(0), np.empty(0)), 0, 0

@@ -387,3 +387,11 @@ def test_cli_refusals_are_one_line_errors(tmp_path):
     assert "non-finite" in invoke("append", store, tmp_path / "nan.npz", code=3).stderr
     assert len(streameval.open_store(store).gallery) == 300
     assert "exists; pass --overwrite" in invoke("eval", store, "--state", state, "-q", code=2).output
+
+
+def test_unknown_keywords_are_named(tmp_path):
+    store, _, _ = make_store(tmp_path)
+    with pytest.raises(TypeError, match=r"evaluate\(\) got unexpected keyword argument\(s\): gallery_chunks"):
+        streameval.evaluate(store, gallery_chunks=8)
+    with pytest.raises(TypeError, match=r"update\(\) got unexpected keyword argument\(s\): metrc"):
+        streameval.update(store, tmp_path / "state", metrc="cosine")
