@@ -13,8 +13,10 @@ parsed, and its rows read a store chunk at a time.  Memory stays bounded by a ch
 2-D member saved in Fortran order, which has to be read whole.
 
 Everything is checked before the output is touched: the arrays' presence, shapes and dtypes from
-the .npy headers, then every value in one streaming pass (finite features, also after the cast to the
-stored dtype).  Only then is the store created and written, in a second pass.
+the .npy headers, then every value in one streaming pass (``store.check_batch``: finite features that
+survive the cast to the stored dtype, ids that fit int64).  Only then is the store created and
+written, in a second pass; if that fails (no space left...), the partial store is removed
+(``store.new_store``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from . import plan
 from .errors import OptionError, StoreError
 from .evaluate import ARRAY_NAMES, pick_array
 from .store import (FEATURE_DTYPES, METRICS, Store, append_batches, check_batch, commit_gallery, create_store,
-                    open_store, write_rows)
+                    new_store, open_store, refuse_existing, write_rows)
 
 _READ_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError)
 
@@ -152,23 +154,10 @@ def _batches(members: dict, set_name: str, step: int):
 
 
 def _check_values(members: dict, set_name: str, step: int, dim: int, dtype: np.dtype, src: str) -> None:
-    """Finite features (also once cast to the stored dtype) and valid ids, a block at a time."""
+    """Every row as ``store.check_batch`` checks it before writing (finite features representable in
+    the stored dtype, ids that fit int64), a block at a time."""
     for start, feats, pids, camids in _batches(members, set_name, step):
-        with np.errstate(over="ignore", invalid="ignore"):
-            stored = feats.astype(dtype)
-        finite = np.isfinite(stored).all(axis=1)
-        if not finite.all():
-            local = int(np.flatnonzero(~finite)[0])
-            name = members[f"{set_name}_features"].name
-            if not np.isfinite(feats[local]).all():
-                raise StoreError(
-                    f"'{src}': '{name}' holds non-finite values (NaN or inf), first at row {start + local}"
-                )
-            raise StoreError(
-                f"'{src}': '{name}' row {start + local} holds values too large for {dtype} "
-                f"(largest magnitude {float(np.abs(feats[local]).max()):.4g}); store the features as float32"
-            )
-        check_batch(stored, pids, camids, f"'{src}': {set_name} rows {start}+:", dim)
+        check_batch(feats, pids, camids, f"'{src}': {set_name}", dim, dtype, start)
 
 
 def convert_npz(
@@ -201,11 +190,15 @@ def convert_npz(
         raise OptionError(f"chunk_rows must be a positive integer, got {chunk_rows!r}")
     if not os.path.isfile(src):
         raise StoreError(f"no input file at '{src}'")
-    if isinstance(out, (str, os.PathLike)):
-        if os.path.exists(out) and os.path.samefile(out, src):
+    if isinstance(out, (str, os.PathLike)) and os.path.exists(out):
+        if os.path.samefile(out, src):
             raise StoreError(f"the output '{os.fspath(out)}' is the input file")
-        if os.path.exists(out) and not overwrite:
-            raise StoreError(f"'{os.fspath(out)}' already exists; pass --overwrite (overwrite=True) to replace it")
+        real_out = os.path.realpath(out)
+        if os.path.commonpath([real_out, os.path.realpath(src)]) == real_out:
+            raise StoreError(
+                f"the input '{src}' is inside the output '{os.fspath(out)}', which --overwrite would delete"
+            )
+    refuse_existing(out, overwrite)
     with _open_archive(src) as zf:
         return _convert(zf, src, out, dtype, chunk_rows, default_metric, overwrite)
 
@@ -249,8 +242,9 @@ def _convert(zf, src, out, dtype, chunk_rows, default_metric, overwrite) -> Stor
     for set_name in ("query", "gallery"):
         _check_values(members, set_name, chunk_rows, dim, dtype, src)
     n_query, n_gallery = (members[f"{s}_features"].shape[0] for s in ("query", "gallery"))
-    store = create_store(out, n_query, n_gallery, dim, dtype.name, chunk_rows, default_metric, overwrite)
-    for fs in (store.query, store.gallery):
-        for start, feats, pids, camids in _batches(members, fs.name, fs.chunk_rows):
-            write_rows(fs, start, feats, pids, camids)
-    return commit_gallery(out)
+    with new_store(out, overwrite):
+        store = create_store(out, n_query, n_gallery, dim, dtype.name, chunk_rows, default_metric)
+        for fs in (store.query, store.gallery):
+            for start, feats, pids, camids in _batches(members, fs.name, fs.chunk_rows):
+                write_rows(fs, start, feats, pids, camids)
+        return commit_gallery(out)

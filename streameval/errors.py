@@ -22,3 +22,10 @@ class OptionError(StreamevalError):
     """An evaluation option is invalid or does not fit the data."""
 
     exit_code = 2
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as a short single line, for messages that wrap a library's error (zarr and
+    codec messages can span lines)."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= 300 else text[:297] + "..."

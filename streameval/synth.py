@@ -34,6 +34,8 @@ and memory is bounded by a chunk plus a block plus the identity centres (``n_ids
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import sys
 import time
 
@@ -158,6 +160,50 @@ class _Generator:
         return tuple(np.concatenate(column) for column in zip(*parts))
 
 
+def check_room(path, n_query, n_gallery, dim, dtype, chunk_rows, overwrite) -> None:
+    """Refuse a store larger than the free space of its file system (counting what ``overwrite``
+    deletes first), before writing anything: a full disk would stop the writing halfway."""
+    if not store_mod.is_local_path(path):
+        return  # a zarr store object or a URL: no local file system to ask
+    parent = os.path.abspath(path)
+    while not os.path.isdir(parent):
+        parent = os.path.dirname(parent)
+    block = os.statvfs(parent).f_frsize if hasattr(os, "statvfs") else 4096
+    need = store_mod.estimated_bytes(n_query, n_gallery, dim, dtype, chunk_rows, block)
+    free = shutil.disk_usage(parent).free
+    if overwrite and os.path.lexists(path):
+        free += _size_on_disk(path)
+    if need > free:
+        raise OptionError(
+            f"the store needs about {plan.format_bytes(need)} ({need:,} bytes) but the file system of '{parent}' "
+            f"has {plan.format_bytes(free)} ({free:,} bytes) free; free some space or make a smaller store"
+        )
+
+
+def _size_on_disk(path) -> int:
+    if not os.path.isdir(path):
+        return os.lstat(path).st_size
+    return sum(os.lstat(os.path.join(root, name)).st_size for root, _, files in os.walk(path) for name in files)
+
+
+def check_memory(n_query, n_gallery, dim, n_centres, n_cams, chunk_rows) -> None:
+    """Refuse arguments whose resident arrays would not fit in half the physical memory: the
+    identity centres and camera offsets (held throughout), a generation block and a store chunk
+    with their temporaries.  Nothing else grows with the store."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return  # not a POSIX system: nothing to compare with
+    rows = n_centres + n_cams + 4 * generation_block_rows(dim) + 3 * min(chunk_rows, max(n_query, n_gallery))
+    need = rows * dim * 4
+    if need > physical // 2:
+        raise OptionError(
+            f"synth needs about {plan.format_bytes(need)} of memory for {n_centres:,} identity centres and "
+            f"{n_cams:,} camera offsets of {dim:,} dims plus a chunk, more than half the physical memory "
+            f"({plan.format_bytes(physical)}); use fewer ids, cameras or chunk rows, or fewer dims"
+        )
+
+
 class _Progress:
     """One line on stderr: carriage-return updates on a terminal, a line per quarter otherwise."""
 
@@ -214,8 +260,11 @@ def synthesize(
     uniform over ``1..n_ids``.  Camera ids are uniform over ``0..n_cams-1``.  (In a gallery too small
     to hold every identity, the queries of a missing identity are open-set as well.)
 
-    Raises OptionError for invalid arguments and StoreError if ``path`` exists and not ``overwrite``,
-    both before anything is written.
+    Raises, before anything is written: OptionError for invalid arguments, a store larger than the
+    free disk space (``check_room``) or resident arrays larger than half the memory
+    (``check_memory``); StoreError if ``path`` exists and not ``overwrite``.  Writing fails with a
+    StoreError (no space left...) after removing the partial store; with ``overwrite``, the old
+    store is deleted before the new one is written.
     """
     dtype = _check_args(n_query, n_gallery, dim, n_ids, n_cams, junk_frac, distractor_frac, open_query_frac, dtype)
     if chunk_rows is None:
@@ -223,6 +272,9 @@ def synthesize(
     elif chunk_rows < 1:
         raise OptionError(f"chunk_rows must be a positive integer, got {chunk_rows!r}")
     n_open_ids = open_identity_count(n_query, n_ids, open_query_frac)
+    store_mod.refuse_existing(path, overwrite)
+    check_room(path, n_query, n_gallery, dim, dtype, chunk_rows, overwrite)
+    check_memory(n_query, n_gallery, dim, n_ids + n_open_ids, n_cams, chunk_rows)
 
     # identity centres 1..n_ids, then the open-set identities' (separate streams: adding open
     # queries does not change the closed identities)
@@ -232,7 +284,6 @@ def synthesize(
         _identity_centres(centres[n_ids:], _rng(seed, _OPEN_CENTRES))
     cameras = CAMERA_SCALE * _rng(seed, _CAMERAS).standard_normal((n_cams, dim), dtype=np.float32)
     sigma = np.float32(noise_scale(dim))
-    store = store_mod.create_store(path, n_query, n_gallery, dim, dtype.name, chunk_rows, default_metric, overwrite)
 
     def query_ids(rng, n):
         pids = rng.integers(1, n_ids + 1, size=n, dtype=np.int64)
@@ -248,12 +299,14 @@ def synthesize(
         pids[u < junk_frac] = -1
         return pids, np.where(pids > 0, pids - 1, -1)
 
-    for fs, stream, make_ids in ((store.query, _QUERY, query_ids), (store.gallery, _GALLERY, gallery_ids)):
-        total = len(fs)
-        gen = _Generator(seed, stream, total, dim, make_ids, centres, cameras, sigma)
-        bar = _Progress(progress, total, fs.name)
-        for start in range(0, total, fs.chunk_rows):
-            stop = min(start + fs.chunk_rows, total)
-            store_mod.write_rows(fs, start, *gen.rows(start, stop))
-            bar.update(stop)
-    return store_mod.commit_gallery(path)
+    with store_mod.new_store(path, overwrite):  # a failure removes the partial store
+        store = store_mod.create_store(path, n_query, n_gallery, dim, dtype.name, chunk_rows, default_metric)
+        for fs, stream, make_ids in ((store.query, _QUERY, query_ids), (store.gallery, _GALLERY, gallery_ids)):
+            total = len(fs)
+            gen = _Generator(seed, stream, total, dim, make_ids, centres, cameras, sigma)
+            bar = _Progress(progress, total, fs.name)
+            for start in range(0, total, fs.chunk_rows):
+                stop = min(start + fs.chunk_rows, total)
+                store_mod.write_rows(fs, start, *gen.rows(start, stop))
+                bar.update(stop)
+        return store_mod.commit_gallery(path)

@@ -165,7 +165,7 @@ BROKEN = {
     "empty directory": (_plain_dir, r"is not a zarr v3 group"),
     "regular file": (_plain_file, r"is not a zarr v3 group"),
     "zarr group of another tool": (_foreign_group, r"is not a streameval store"),
-    "wrong schema version": (_wrong_schema, r"is not a streameval store of schema 1"),
+    "wrong schema version": (_wrong_schema, r"is not a streameval store of schema 2"),
     **{
         f"missing {key}": (_missing_array(key), rf"has no '{key}' array")
         for key in ("query/features", "query/pids", "query/camids",
@@ -183,7 +183,7 @@ BROKEN = {
     "1-D features": (_replaced("query/features", lambda d: d["query_features"][:, 0]), r"must be 2-D"),
     "int32 pids": (_replaced("gallery/pids", lambda d: d["gallery_pids"].astype(np.int32)), r"pids has dtype int32; expected int64"),
     "float camids": (
-        _replaced("query/camids", lambda d: d["query_camids"].astype(np.float32)), r"camids has dtype float32; expected an integer"),
+        _replaced("query/camids", lambda d: d["query_camids"].astype(np.float32)), r"camids has dtype float32; expected int64"),
     "empty gallery": (_empty_gallery, r"gallery set is empty"),
     "more rows committed than written": (_committed_beyond_data, r"1000000 rows are committed but features hold only"),
     "feature axis split across chunks": (_split_feature_axis, r"splitting the feature axis"),
@@ -253,7 +253,7 @@ WRITE_ERRORS = {
     "NaN in gallery": (_with("gallery_features", _nan_at(7)), {}, r"gallery features hold non-finite values .* row 7"),
     "inf in query": (_with("query_features", lambda x: np.where(np.arange(len(x))[:, None] == 3, np.inf, x)), {},
                      r"query features hold non-finite values .* row 3"),
-    "float16 overflow": (_with("gallery_features", lambda x: x * 1e5), {"dtype": "float16"}, r"after casting to float16"),
+    "float16 overflow": (_with("gallery_features", lambda x: x * 1e5), {"dtype": "float16"}, r"too large for float16"),
     "integer features": (_with("query_features", lambda x: x.astype(np.int64)), {}, r"expected floating point"),
     "float pids": (_with("gallery_pids", lambda x: x.astype(np.float64)), {}, r"gallery pids have dtype float64; expected integers"),
     "float camids": (_with("query_camids", lambda x: x.astype(np.float32)), {}, r"query camids have dtype float32"),

@@ -273,9 +273,9 @@ CONVERT_ERRORS = {
     "complex features": (_edit(query_features=lambda x: x.astype(np.complex64)), {}, r"features must be floating point"),
     "1-D features": (_edit(query_features=lambda x: x[:, 0]), {}, r"'query_features' must be 2-D"),
     "2-D pids": (_edit(gallery_pids=lambda x: x.reshape(-1, 1)), {}, r"'gallery_pids' must be 1-D"),
-    "NaN": (_edit(gallery_features=_set(201, np.nan)), {"chunk_rows": 64}, r"'gallery_features' holds non-finite values .* first at row 201"),
-    "inf": (_edit(query_features=_set(7, -np.inf)), {}, r"'query_features' holds non-finite values .* row 7"),
-    "float16 overflow": (_edit(gallery_features=_set(5, 1e6)), {"dtype": "float16"}, r"row 5 holds values too large for float16"),
+    "NaN": (_edit(gallery_features=_set(201, np.nan)), {"chunk_rows": 64}, r"in.npz': gallery features hold non-finite values .* first at row 201"),
+    "inf": (_edit(query_features=_set(7, -np.inf)), {}, r"in.npz': query features hold non-finite values .* row 7"),
+    "float16 overflow": (_edit(gallery_features=_set(5, 1e6)), {"dtype": "float16"}, r"gallery features row 5 holds values too large for float16 .*; store the features as float32"),
     "empty gallery": (
         _edit(gallery_features=lambda x: x[:0], gallery_pids=lambda x: x[:0], gallery_camids=lambda x: x[:0]), {},
         r"'gallery_features' is empty"),
