@@ -30,6 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import streameval
 from streameval.cli import main
+from streameval.errors import OptionError
 from streameval.report import summary
 from streameval.statestore import POINTER, StateError, load_state
 from streameval.store import COMMITTED_ATTR
@@ -257,7 +258,7 @@ def test_eval_refuses_to_replace_a_state_or_a_foreign_directory(tmp_path):
     store, _, _ = make_store(tmp_path)
     state = tmp_path / "state"
     streameval.evaluate(store, state=state)
-    with pytest.raises(StateError, match="already exists"):
+    with pytest.raises(OptionError, match="already exists; pass --overwrite"):  # as for every output
         streameval.evaluate(store, state=state)
     streameval.evaluate(store, state=state, overwrite_state=True)
     mine = tmp_path / "mine"
