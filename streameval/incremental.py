@@ -20,7 +20,6 @@ evaluation, because it rebuilds exactly the integer state a full evaluation woul
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 from dask import delayed
@@ -28,6 +27,7 @@ from dask import delayed
 from . import graph
 from .evaluate import Execution, Runner, Settings, _as_store, make_result, session
 from .gom import DistanceRange
+from .progress import Phases
 from .state import Positives, QueryState, RankState
 from .statestore import check_matches, load_state, save_state
 from .store import Store
@@ -59,23 +59,26 @@ def update(
     refused (StateError), as is a state of other queries or of a gallery that shrank or was
     rewritten.  The ``execution`` keywords are those of ``evaluate``.
     """
-    started = time.perf_counter()
+    phases = Phases()
     execution = Execution.from_options("update", execution)
     store = _as_store(data, storage_options)
+    phases.lap("setup")
     saved = load_state(state)
+    phases.lap("loading state")
     given = dict(metric=metric, protocol=protocol, junk_pids=junk_pids, max_rank=max_rank, precision=precision,
                  no_gom=no_gom, gom_norm=gom_norm, gom_bins=gom_bins, gom_b=gom_b, gom_vp=gom_vp)
     settings = Settings.parse(store, **{**saved.options, **{k: v for k, v in given.items() if v is not None}})
     query_hash = check_matches(saved, store, settings)
     old = saved.query_state
-    with session(store, settings, execution) as runner:
+    with session(store, settings, execution, phases, label="streameval update") as runner:
         if len(store.gallery) == old.gallery_rows:
             new, facts, read, pairs = old, _facts(old, old, np.empty(0), np.empty(0)), 0, 0
         else:
             new, facts, read, pairs = extend(store, settings, runner, old)
     if new is not old:
         save_state(state, store, settings, new, query_hash)
-    return make_result(store, settings, new, runner, started, read, pairs, update=facts)
+        phases.lap("saving state")
+    return make_result(store, settings, new, runner, read, pairs, update=facts)
 
 
 def extend(store: Store, settings: Settings, runner: Runner, old: QueryState):
@@ -83,9 +86,9 @@ def extend(store: Store, settings: Settings, runner: Runner, old: QueryState):
     scoring = settings.scoring(store.dim)
     plan, gallery, n0, n1 = runner.plan, store.gallery, old.gallery_rows, len(store.gallery)
     blocks = graph.positives_pass(store.query, gallery, plan, scoring, start=n0)
-    new_range = graph.range_pass(gallery, plan, scoring, blocks, start=n0) if settings.minmax else None
-    found, new_range = runner.compute(delayed(tuple)([[positives for _, positives in blocks], new_range]),
-                                      label="new rows: positives" + (" and range" if settings.minmax else ""))
+    new_range = graph.range_pass(store.query, gallery, plan, scoring, blocks, start=n0) if settings.minmax else None
+    runner.expect("scoring", graph.scoring_work(store.query, gallery, plan, len(store.query), n0, n1))
+    found, new_range = runner.compute(delayed(tuple)([[positives for _, positives in blocks], new_range]))
     new_positives = Positives.concat(found)
     merged = old.positives.union(new_positives)
     affected = np.flatnonzero(new_positives.counts > 0)
@@ -94,14 +97,14 @@ def extend(store: Store, settings: Settings, runner: Runner, old: QueryState):
     rescored = everyone if dist_range != old.dist_range else affected
     norm = graph.normalisation(settings.gom, dist_range)
 
-    def score(queries: np.ndarray, start: int, stop: int):
-        return [graph.scoring_pass(gallery, plan, scoring, delayed(graph.load_rows)(store.query, rows, scoring),
-                                   delayed(merged.take(rows)), norm, start, stop)
+    def score(queries: np.ndarray, start: int, stop: int, pass_name: str):
+        return [graph.scoring_pass(gallery, plan, scoring, graph.block_size(rows),
+                                   graph.load_queries(store.query, rows, scoring, pass_name),
+                                   delayed(merged.take(rows)), norm, start, stop, pass_name)
                 for rows in graph.query_blocks(plan, queries, len(queries))]
 
-    new_rows, old_rows = runner.compute(delayed(tuple)([score(everyone, n0, n1), score(rescored, 0, n0)]),
-                                        label=f"scoring {n1 - n0:,} new rows" + (f" and re-scoring {rescored.size:,} queries"
-                                                                                 if rescored.size else ""))
+    new_rows, old_rows = runner.compute(delayed(tuple)([score(everyone, n0, n1, "scoring"),
+                                                        score(rescored, 0, n0, "rescoring")]))
     kept = np.setdiff1d(everyone, rescored)
     pieces = [(kept, old.ranks.take(old.positives.offsets, kept))]
     if rescored.size:

@@ -22,9 +22,10 @@ def summary(result: Result, label: str = "") -> str:
     if result.n_valid_queries == 0:
         lines.append("  no query has a positive in the gallery: closed-set metrics are undefined")
     else:
+        ranks = sorted({k for k in (1, 5, 10, 20) if k <= result.max_rank} | {result.max_rank})
         lines += [
-            "  " + "  ".join(f"{'R' + str(k):>7}" for k in (1, 5, 10, 20, result.max_rank)),
-            "  " + "  ".join(f"{_pct(result.rank(k)):>7}" for k in (1, 5, 10, 20, result.max_rank)),
+            "  " + "  ".join(f"{'R' + str(k):>7}" for k in ranks),
+            "  " + "  ".join(f"{_pct(result.rank(k)):>7}" for k in ranks),
             f"  mAP {_pct(result.mAP)}   mAP (trapezoid) {_pct(result.mAP_trapezoid)}   mINP {_pct(result.mINP)}",
         ]
     if result.gom is not None:
@@ -32,11 +33,49 @@ def summary(result: Result, label: str = "") -> str:
     if run.get("update"):
         lines.append(_update_line(run["update"], result.n_queries))
     if run:
-        lines.append(
-            f"  {run['elapsed_s']:.2f} s   {run['pairs_per_s'] / 1e6:,.1f} M pairs/s   read {run['bytes_read'] / 2**20:,.1f} MiB   "
-            f"blocks {run['query_block']:,} x {run['gallery_chunk']:,}   {run['workers']} workers on {run['scheduler']}"
-        )
+        lines += [
+            f"  {run['pairs_per_s'] / 1e6:,.1f} M pairs/s   read {run['bytes_read'] / 2**20:,.1f} MiB   blocks "
+            f"{run['query_block']:,} x {run['gallery_chunk']:,}   {run['workers']} workers on {run['scheduler']}",
+            phases_line(run["phases"]),
+        ]
     return "\n".join(lines)
+
+
+PHASE_NOTES = {"passes": "passes (the bar)"}
+
+
+def phases_line(phases: dict) -> str:
+    """The line "20.52 s = 0.41 s setup + 19.80 s passes (the bar) + ...", its parts rounded so that
+    they add up to the total as printed."""
+    hundredths = _rounded_parts([100 * seconds for seconds in phases.values()])
+    parts = " + ".join(f"{h / 100:.2f} s {PHASE_NOTES.get(name, name)}" for name, h in zip(phases, hundredths))
+    return f"  {sum(hundredths) / 100:.2f} s = {parts}"
+
+
+def _rounded_parts(values: list[float]) -> list[int]:
+    """Integers adding up to round(sum(values)), each the floor or ceiling of its value (largest
+    remainders rounded up)."""
+    floors = [int(v // 1) for v in values]
+    short = round(sum(values)) - sum(floors)
+    by_remainder = sorted(range(len(values)), key=lambda i: floors[i] - values[i])
+    for i in by_remainder[:short]:
+        floors[i] += 1
+    return floors
+
+
+def timing(phases: dict, pairs: int) -> dict:
+    """A run's time facts: its ``phases`` (name -> seconds), their sum ``elapsed_s``, and ``pairs``
+    scored per second of it."""
+    elapsed = sum(phases.values())
+    return {"phases": phases, "elapsed_s": elapsed, "pairs": pairs, "pairs_per_s": pairs / elapsed}
+
+
+def add_phase(result: Result, name: str, seconds: float) -> None:
+    """Count ``seconds`` more of the run (e.g. writing its JSON) as phase ``name`` of ``result.run``,
+    so the summary's total includes it."""
+    phases = dict(result.run["phases"])
+    phases[name] = phases.get(name, 0.0) + seconds
+    result.run.update(timing(phases, result.run["pairs"]))
 
 
 def _update_line(update: dict, n_queries: int) -> str:
@@ -71,6 +110,12 @@ def _gom_lines(gom: dict) -> list[str]:
         lines.append("    no open-set query (without positives): mFR/MFR/tau_nz are undefined")
     else:
         lines.append(f"    MFR {_num(gom['MFR'])}   tau_nz {_num(gom['tau_nz'], '.2f')}")
+    clipped = gom.get("clipped")  # fixed normalisation only
+    if clipped and (clipped["below"] or clipped["above"]):
+        below, above = clipped["below"], clipped["above"]
+        lines.append(f"    warning: {below + above:,} of {clipped['pairs']:,} distances fall outside {gom['normalisation']} "
+                     f"({below:,} below, {above:,} above) and were clipped to its ends (observed: "
+                     f"[{clipped['observed_min']:.4g}, {clipped['observed_max']:.4g}]); widen it or use minmax")
     return lines
 
 

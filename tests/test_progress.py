@@ -1,0 +1,193 @@
+"""Progress that tells the truth: one bar per run, advancing with the work (pairs scored, bytes
+read), naming the pass under way, with an ETA; and a run's elapsed time split into named phases,
+the bar's time being one of them.  Real runs (threaded scheduler, a LocalCluster of processes,
+incremental updates) feed an in-memory stream."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import streameval
+from streameval import graph, progress, report
+from streameval.evaluate import Settings
+from streameval.plan import Plan
+from streameval.progress import Bar, Reporter, key_work, pairs_work, read_work, work_key
+
+N_QUERY, N_GALLERY, DIM, CHUNK = 200, 6000, 16, 256
+LINE = re.compile(r"(streameval(?: update)?): (\d+)% (.*)")
+
+
+def random_rows(rng, n, scale=1.0):
+    return (scale * rng.standard_normal((n, DIM))).astype(np.float32), rng.integers(1, 40, n), rng.integers(0, 4, n)
+
+
+def write_problem(path) -> str:
+    rng = np.random.default_rng(0)
+    streameval.write_store(path, *random_rows(rng, N_QUERY), *random_rows(rng, N_GALLERY), chunk_rows=CHUNK)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory):
+    return write_problem(tmp_path_factory.mktemp("progress") / "s.zarr")
+
+
+def log_lines(text: str) -> list[tuple[int, str]]:
+    """(percent, rest) of every progress line; any other line fails the test."""
+    lines = []
+    for line in text.splitlines():
+        match = LINE.fullmatch(line)
+        assert match, f"not a progress line: {line!r}"
+        lines.append((int(match.group(2)), match.group(3)))
+    return lines
+
+
+def assert_one_honest_bar(lines, passes) -> None:
+    percents = [percent for percent, _ in lines]
+    assert percents == sorted(percents), percents  # never goes back
+    assert percents.count(100) == 1 and percents[-1] == 100
+    assert lines[-1][1].startswith(", ".join(passes) + " in ")
+    for name in passes:
+        assert any(name in rest for _, rest in lines[:-1]), (name, lines)
+    assert any("eta " in rest for percent, rest in lines if percent < 100)
+
+
+def test_work_of_each_pass_is_pairs_and_bytes(store_path):
+    store = streameval.open_store(store_path)
+    plan = Plan(query_block=150, gallery_chunk=512, workers=2)  # 2 query blocks, 12 chunks
+    built = graph.build(store.query, store.gallery, plan, Settings.parse(store).scoring(DIM))
+    work = Counter()
+    for key in built.__dask_graph__():
+        if (weight := key_work(key)) is not None:
+            work[weight[0]] += weight[1]
+    gallery_bytes = graph.rows_bytes(store.gallery, N_GALLERY)
+    distance_pass = pairs_work(N_QUERY, N_GALLERY, DIM) + 2 * read_work(gallery_bytes)  # each block reads the gallery
+    assert work["range"] == work["scoring"] == distance_pass
+    assert work["positives"] == read_work(2 * gallery_bytes + graph.rows_bytes(store.query, N_QUERY))
+    assert work["positives"] < 0.1 * sum(work.values())  # reading ids and features, no pairs
+    assert set(work) == {"positives", "range", "scoring"}  # merges carry none
+
+
+def test_threaded_run_draws_one_bar_weighted_by_work(store_path, monkeypatch):
+    monkeypatch.setattr(progress, "LOG_STEP", 1)  # a line per percent: every step can be checked
+    out = io.StringIO()
+    result = streameval.evaluate(store_path, gallery_chunk=CHUNK, progress=out)
+    lines = log_lines(out.getvalue())
+    assert_one_honest_bar(lines, ["positives", "range", "scoring"])
+    assert lines[-2][0] == 99  # every task's work was counted before the end
+    # the positives pass only reads: by 10% of the bar it is over (counted in tasks, it was a third)
+    assert all(percent < 10 for percent, rest in lines[:-1] if "positives" in rest)
+    assert lines[-1][1].endswith(f" in {result.run['phases']['passes']:.2f} s")
+
+
+def test_phases_add_up_to_the_elapsed_time_and_the_summary_says_so(store_path, tmp_path):
+    out = io.StringIO()
+    result = streameval.evaluate(store_path, gallery_chunk=CHUNK, progress=out, state=tmp_path / "state")
+    phases = result.run["phases"]
+    assert list(phases)[:4] == ["setup", "passes", "saving state", "metrics"]
+    assert set(phases) <= {"setup", "passes", "saving state", "metrics", "compiling kernels"}
+    assert result.run["elapsed_s"] == sum(phases.values()) and all(s >= 0 for s in phases.values())
+    bar_seconds = re.search(r" in (\d+\.\d\d) s$", out.getvalue().splitlines()[-1]).group(1)
+
+    report.add_phase(result, "writing JSON", 0.25)
+    assert result.run["elapsed_s"] == pytest.approx(sum(phases.values()) + 0.25)
+    assert result.run["pairs_per_s"] == result.run["pairs"] / result.run["elapsed_s"]
+    line = report.summary(result).splitlines()[-1]
+    total, parts = re.fullmatch(r"  (\d+\.\d\d) s = (.*)", line).groups()
+    seconds = dict(reversed(re.fullmatch(r"(\d+\.\d\d) s (.+)", part).groups()) for part in parts.split(" + "))
+    assert list(seconds) == [*(report.PHASE_NOTES.get(name, name) for name in phases), "writing JSON"]
+    assert seconds["passes (the bar)"] == bar_seconds  # what the bar showed, plus named remainders
+    assert seconds["writing JSON"] == "0.25"
+    assert sum(round(100 * float(value)) for value in seconds.values()) == round(100 * float(total))
+    assert float(total) == pytest.approx(result.run["elapsed_s"], abs=0.005)
+
+
+def test_update_draws_one_bar_over_both_computes(tmp_path):
+    store, state = write_problem(tmp_path / "u.zarr"), tmp_path / "u.state"
+    streameval.evaluate(store, state=state)
+    rng = np.random.default_rng(1)
+    streameval.append_gallery(store, *random_rows(rng, 1000, scale=10.0))  # new positives, a new maximum distance
+    out = io.StringIO()
+    result = streameval.update(store, state, gallery_chunk=CHUNK, progress=out)
+    assert result.run["update"]["queries_rescored"] == N_QUERY
+    lines = log_lines(out.getvalue())
+    assert all(line.startswith("streameval update: ") for line in out.getvalue().splitlines())
+    assert_one_honest_bar(lines, ["positives", "range", "scoring", "rescoring"])
+    note = [(percent, rest) for percent, rest in lines if rest.startswith("+rescoring: the work left grew")]
+    assert len(note) == 1 and 0 < note[0][0] < 100  # the total grew once, after the first compute, and said so
+    phases = result.run["phases"]
+    assert list(phases)[:5] == ["setup", "loading state", "passes", "saving state", "metrics"]
+    assert result.run["elapsed_s"] == sum(phases.values())
+
+
+def test_bar_grows_without_going_back_and_gives_an_eta_from_the_work_rate():
+    now = [0.0]
+    out = io.StringIO()
+    bar = Bar(Reporter("t", out), clock=lambda: now[0])
+    bar.expect("scoring", 100)
+    first = {name: work_key(name, work) for name, work in (("positives", 10), ("range", 90))}
+    assert sorted(bar.add_graph([*first.values(), "merge-abc"])) == sorted(first.values())
+    bar.start(now[0])
+    now[0] = 1.0
+    bar.finished(first["positives"])
+    now[0] = 2.0
+    bar.finished(first["range"])
+    second = {name: work_key(name, work) for name, work in (("scoring", 100), ("rescoring", 300))}
+    bar.add_graph(second.values())
+    now[0] = 4.0
+    bar.finished(second["scoring"])
+    bar.finished("merge-abc")  # no work: nothing drawn
+    bar.finished(second["rescoring"])
+    now[0] = 10.0
+    bar.close(now[0])
+    assert out.getvalue().splitlines() == [
+        "t: 0% positives, 0.0 s",
+        "t: 50% scoring, 2.0 s, eta 2 s",  # 100 of 200 units in 2 s; 100 left
+        "t: 50% +rescoring: the work left grew 4.0x (the rest of the bar covers it)",
+        "t: 62% rescoring, 4.0 s, eta 6 s",  # 50 + 50 * 100/400; 300 units left at 200 / 4 s
+        "t: 99% rescoring, 4.0 s, eta 0 s",  # all counted; 100 only when the run's passes are over
+        "t: 100% positives, range, scoring, rescoring in 10.00 s",
+    ]
+
+
+def test_live_bar_on_a_terminal(store_path):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    out = Terminal()
+    streameval.evaluate(store_path, gallery_chunk=CHUNK, progress=out)
+    drawings = out.getvalue().split("\r")[1:]
+    assert all(d.endswith(progress.CLEAR_LINE) for d in drawings[:-1]) and drawings[-1].endswith("\n")
+    assert re.fullmatch(r"streameval \[#{30}\] 100% positives, range, scoring in \d+\.\d\d s\x1b\[K\n", drawings[-1])
+    assert re.fullmatch(r"streameval \[\.{30}\]   0% positives  0\.0 s\x1b\[K", drawings[0])
+    assert all(re.fullmatch(r"streameval \[[#.]{30}\] +\d+% [a-z, ]+  \d+\.\d s(  eta \d+ s)?\x1b\[K", d)
+               for d in drawings[:-1])
+
+
+def test_keys_name_their_pass_and_work():
+    assert key_work(work_key("rescoring", 12345)) == ("rescoring", 12345)
+    assert key_work("score_chunk-8c3f6a3e-64f4-4d1e-9d7c-1a2b3c4d5e6f") is None
+    assert key_work(("scoring", 3)) is None
+    assert pairs_work(2, 3, 4) == 2 * 3 * (4 + progress.PAIR_OVERHEAD) and read_work(5) == 5 * progress.BYTE_COST
+
+
+def test_local_cluster_of_processes_reports_finished_work(store_path, monkeypatch):
+    pytest.importorskip("distributed")
+    monkeypatch.setattr(progress, "LOG_STEP", 1)
+    out = io.StringIO()
+    result = streameval.evaluate(store_path, gallery_chunk=CHUNK, progress=out, cluster="local", n_workers=2,
+                                 threads_per_worker=1)
+    lines = log_lines(out.getvalue())
+    percents = [percent for percent, _ in lines]
+    assert percents == sorted(percents) and percents.count(100) == 1
+    assert lines[-2][0] == 99  # the scheduler reported every task with work
+    assert lines[-1][1].startswith("positives, range, scoring in ")
+    phases = result.run["phases"]
+    assert list(phases)[:3] == ["setup", "passes", "closing cluster"]
+    assert result.run["elapsed_s"] == sum(phases.values())
