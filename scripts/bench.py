@@ -21,10 +21,21 @@ These methods are timed side by side on the same synthetic store (``streameval.s
   classic     what the common ReID codebases do (torchreid / fast-reid): load everything, compute the
               full Nq x Ng float32 distance matrix (squared euclidean like torchreid's
               ``euclidean_squared_distance``, or cosine), ``np.argsort(distmat, axis=1)``, then a
-              compiled (numba) per-query loop mirroring torchreid's Cython ``eval_market1501``.
+              compiled (numba, cached like torchreid's Cython) per-query loop mirroring torchreid's
+              ``eval_market1501``.
+  process     what a user waits for: whole processes, timed from spawn to exit (Python start-up,
+              imports, numba's cache load and interpreter exit included; page cache warm; one
+              untimed warm-up run first, so numba's caches exist):
+                cli-closed       ``streameval eval STORE --no-gom -q --metric M``
+                cli              ``streameval eval STORE -q --metric M`` (default GOM, minmax)
+                classic-process  the classic evaluator above as a script: one evaluation, then exit
+              with its own peak RSS, next to the in-process times of se-closed, streameval and
+              classic, and the speed-up over the classic process.  Also a start-up line (once):
+              ``streameval --help`` and ``python -c "import streameval"``.
 
-Each method runs in a fresh child process (``bench.py --_run METHOD ...``), so its peak RSS is its
-own.  Timings exclude process start, imports and JIT warm-up; the best of ``--repeat`` runs is kept.
+Each other method runs in a fresh child process (``bench.py --_run METHOD ...``), so its peak RSS is
+its own.  Their timings exclude process start, imports and JIT warm-up; the best of ``--repeat`` runs
+is kept (for ``process`` too).
 """
 
 from __future__ import annotations
@@ -39,8 +50,10 @@ import sys
 import tempfile
 import time
 
-METHODS = ("streameval", "se-fixed", "se-closed", "floor", "update", "classic")
+METHODS = ("streameval", "se-fixed", "se-closed", "floor", "update", "classic", "process")
 VARIANTS = ("streameval", "se-fixed", "se-closed")
+PROCESSES = {  # whole-process command -> the in-process method doing the same work
+    "cli-closed": "se-closed", "cli": "streameval", "classic-process": "classic"}
 DEFAULT_SIZES = ("3368x19732x2048", "10000x50000x256")
 SCALING_SIZES = ("10000x20000x256:2000", "10000x200000x256:2000", "10000x2000000x256:2000")  # gallery x1, x10, x100
 SCALING_METHODS = "streameval,se-fixed,se-closed,floor"  # the classic evaluator cannot hold 10,000 x 2,000,000
@@ -105,7 +118,8 @@ def parse_args(argv=None):
                    help="where stores are created and reused (default: %(default)s)")
     p.add_argument("--json", metavar="OUT", default=None, help="also write the results as JSON to OUT")
     # internal: one method in a child process
-    p.add_argument("--_run", choices=METHODS, help=argparse.SUPPRESS)
+    p.add_argument("--_run", choices=[m for m in METHODS if m != "process"] + ["classic-process"],
+                   help=argparse.SUPPRESS)
     p.add_argument("--_store", help=argparse.SUPPRESS)
     p.add_argument("--_out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -443,7 +457,7 @@ def _classic_kernel():
     import numba as nb
     import numpy as np
 
-    @nb.njit(parallel=True, nogil=True)
+    @nb.njit(parallel=True, nogil=True, cache=True)  # cached: a classic process loads it as torchreid loads its Cython
     def eval_market1501(indices, q_pids, q_camids, g_pids, g_camids, g_junk, ap, inp, first_hit):
         """torchreid's Cython ``eval_market1501`` per query, as a numba prange loop.
 
@@ -488,11 +502,7 @@ def _classic_kernel():
 
 
 def run_classic(args) -> dict:
-    from concurrent.futures import ThreadPoolExecutor
-
     import numpy as np
-
-    from streameval.store import open_store
 
     kernel = _classic_kernel()
     t0 = time.perf_counter()
@@ -505,6 +515,29 @@ def run_classic(args) -> dict:
     _ = a @ a
     combine = Combiner("sqeuclidean" if args.metric == "euclidean" else args.metric)
     warm = time.perf_counter() - t0
+    out = timed_runs(classic_evaluation(args, kernel, combine), args.repeat)
+    out["metrics"] = out.pop("result")
+    out["warmup"] = f"numba eval loop loaded, BLAS started ({warm:.1f} s, not timed)"
+    out["warmup_s"] = warm
+    out["sort_threads"] = args.classic_sort_threads
+    return out
+
+
+def run_classic_process(args) -> None:
+    """The classic evaluator as the whole process a user runs: one evaluation, metrics on stdout."""
+    combine = Combiner("sqeuclidean" if args.metric == "euclidean" else args.metric)
+    once = classic_evaluation(args, _classic_kernel(), combine)
+    print(json.dumps(once()[0]))
+
+
+def classic_evaluation(args, kernel, combine):
+    """One classic evaluation of the store, as a function returning (metrics, time breakdown)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    from streameval.store import open_store
+
     store = open_store(args._store)
     junk_pids = np.array([-1], dtype=np.int64)  # streameval's default junk_pids
     threads = args.classic_sort_threads
@@ -566,12 +599,7 @@ def run_classic(args) -> dict:
         del distmat, indices
         return metrics, {"load": t_load, "distmat": t_dist, "argsort": t_sort, "eval loop": t_eval}
 
-    out = timed_runs(once, args.repeat)
-    out["metrics"] = out.pop("result")
-    out["warmup"] = f"numba eval loop compiled, BLAS started ({warm:.1f} s, not timed)"
-    out["warmup_s"] = warm
-    out["sort_threads"] = threads
-    return out
+    return once
 
 
 def _metrics(mAP, rank1, mINP, n_valid) -> dict:
@@ -579,6 +607,9 @@ def _metrics(mAP, rank1, mINP, n_valid) -> dict:
 
 
 def child_main(args) -> int:
+    if args._run == "classic-process":
+        run_classic_process(args)
+        return 0
     t0 = time.perf_counter()
     runners = {"floor": run_floor, "classic": run_classic, "update": run_update,
                **{variant: run_streameval for variant in VARIANTS}}
@@ -587,6 +618,73 @@ def child_main(args) -> int:
     with open(args._out, "w") as fh:
         json.dump(out, fh)
     return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# (d) whole processes, as a user runs them
+
+
+def streameval_command() -> list:
+    """The installed ``streameval`` script of this Python (else the CLI module)."""
+    script = os.path.join(os.path.dirname(sys.executable), "streameval")
+    return [script] if os.path.exists(script) else [sys.executable, "-m", "streameval.cli"]
+
+
+def time_process(cmd: list) -> dict:
+    """Wall time from spawn to exit and peak RSS (the child's own, from wait4) of one process."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        result = {"time_s": wall, "peak_rss_mb": usage.ru_maxrss / 1024, "stdout": out.read()}
+        if proc.returncode != 0:
+            result["error"] = f"exited with {proc.returncode}: {err.read().strip()[-2000:]}"
+    return result
+
+
+def best_process_time(cmd: list, repeat: int) -> dict:
+    """One untimed warm-up run (numba caches written, modules and data in the page cache), then the
+    best of ``repeat``."""
+    warm = time_process(cmd)
+    if "error" in warm:
+        return {"error": warm["error"], "command": cmd}
+    runs = [time_process(cmd) for _ in range(repeat)]
+    failed = [run for run in runs if "error" in run]
+    if failed:
+        return {"error": failed[0]["error"], "command": cmd}
+    best = min(runs, key=lambda run: run["time_s"])
+    return {"time_s": best["time_s"], "times_s": [run["time_s"] for run in runs], "peak_rss_mb": best["peak_rss_mb"],
+            "stdout": best["stdout"], "command": cmd}
+
+
+def run_processes(args, store_path: str) -> dict:
+    """The whole-process timings of ``PROCESSES`` on one store."""
+    cli = streameval_command() + ["eval", store_path, "-q", "--metric", args.metric]
+    commands = {
+        "cli-closed": cli + ["--no-gom"],
+        "cli": cli,
+        "classic-process": [sys.executable, os.path.abspath(__file__), "--_run", "classic-process", "--_store",
+                            store_path, "--metric", args.metric, "--classic-sort-threads", str(args.classic_sort_threads)],
+    }
+    return {name: best_process_time(cmd, args.repeat) for name, cmd in commands.items()}
+
+
+def startup_times(args) -> dict:
+    """Wall time of ``streameval --help`` and ``python -c "import streameval"`` (best of at least 3)."""
+    commands = {"streameval --help": streameval_command() + ["--help"],
+                'python -c "import streameval"': [sys.executable, "-c", "import streameval"]}
+    return {name: best_process_time(cmd, max(3, args.repeat)) for name, cmd in commands.items()}
+
+
+def print_startup(startup: dict) -> None:
+    cells = [f"{name} {r['time_s']:.3f} s" if "time_s" in r else f"{name} FAILED: {r['error']}"
+             for name, r in startup.items()]
+    print("start-up: " + ", ".join(cells) + " (fresh processes, best of 3 after a warm-up; goal < 0.5 s)")
+    print()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -786,7 +884,8 @@ def print_header(facts: dict, args) -> None:
     print(f"options : metric={args.metric}, store dtype={args.dtype}, cams={args.cams}, seed={args.seed}, "
           f"repeat={args.repeat} (best of), methods={','.join(args.methods)}, workdir={args.workdir}")
     print("timing  : wall time of the evaluation only (no process start, imports or JIT warm-up), each method in a "
-          "fresh child process; peak RSS = the child's VmHWM over the timed run(s), base = its RSS before them")
+          "fresh child process; peak RSS = the child's VmHWM over the timed run(s), base = its RSS before them; "
+          "'process': whole processes, spawn to exit")
     print()
 
 
@@ -805,7 +904,7 @@ def report_size(size, store_path, how, results: dict, args) -> dict:
     print(header)
     print("-" * len(header))
     for method in METHODS:
-        if method not in results or method == "update":
+        if method not in results or method in ("update", "process"):
             continue
         r = results[method]
         if "error" in r:
@@ -834,10 +933,11 @@ def report_size(size, store_path, how, results: dict, args) -> dict:
         if costs:
             print("GOM cost relative to closed-set only: " + ", ".join(costs))
     update = report_update(results.get("update"), ng)
+    processes = report_processes(results.get("process"), results)
     # details
     for method in METHODS:
         r = results.get(method)
-        if not r or "error" in r or method == "update":
+        if not r or "error" in r or method in ("update", "process"):
             continue
         bits = [r["warmup"]]
         if r.get("plan"):
@@ -868,7 +968,38 @@ def report_size(size, store_path, how, results: dict, args) -> dict:
               f"tolerance {AGREE_TOL:g})")
     print()
     return {"size": {"n_query": nq, "n_gallery": ng, "dim": dim, "n_ids": ids}, "store": store_path,
-            "store_status": how, "rows": rows, "agreement": agreement, "update": update}
+            "store_status": how, "rows": rows, "agreement": agreement, "update": update, "processes": processes}
+
+
+def report_processes(processes: dict | None, results: dict) -> dict | None:
+    """The whole-process table: wall time from spawn to exit, next to the in-process time of the same
+    work, and the speed-up over the classic evaluator's process."""
+    if processes is None:
+        return None
+    classic = processes["classic-process"].get("time_s")
+    print("whole processes (spawn to exit: start-up, imports, numba cache load, exit; best of "
+          f"{len(next((p['times_s'] for p in processes.values() if 'times_s' in p), [0]))} after a warm-up run):")
+    header = f"  {'process':<17}{'time (s)':>10}{'peak RSS (MB)':>15}{'in-process (s)':>22}{'vs classic process':>20}"
+    print(header)
+    rows = {}
+    for name, p in processes.items():
+        if "error" in p:
+            print(f"  {name:<17}  FAILED: {p['error']}")
+            rows[name] = {"error": p["error"], "command": p["command"]}
+            continue
+        same = PROCESSES[name]
+        inside = results.get(same, {}).get("time_s")
+        speedup = classic / p["time_s"] if classic else None
+        print(f"  {name:<17}{p['time_s']:>10.3f}{p['peak_rss_mb']:>15.0f}"
+              f"{(f'{inside:.3f} ({same})' if inside else '-'):>22}{('-' if speedup is None else f'{speedup:.2f}x'):>20}")
+        rows[name] = {"time_s": p["time_s"], "times_s": p["times_s"], "peak_rss_mb": p["peak_rss_mb"],
+                      "in_process_s": inside, "in_process_method": same, "speedup_vs_classic_process": speedup,
+                      "command": " ".join(p["command"])}
+    closed = rows.get("cli-closed", {}).get("speedup_vs_classic_process")
+    if closed is not None:
+        print(f"  goal: closed-set CLI at least 2x faster than the classic process: {closed:.2f}x "
+              f"({'met' if closed >= 2 else 'NOT met'})")
+    return rows
 
 
 def report_update(r: dict | None, n_gallery: int) -> dict | None:
@@ -911,17 +1042,20 @@ def main(argv=None) -> int:
     os.makedirs(args.workdir, exist_ok=True)
     facts = machine_facts()
     print_header(facts, args)
-    sys.stdout.flush()
     out = {"machine": facts, "options": {k: getattr(args, k) for k in (
         "metric", "dtype", "cams", "seed", "repeat", "methods", "junk_frac", "distractor_frac",
         "open_query_frac", "chunk_rows", "classic_sort_threads", "workdir")}, "sizes": []}
+    if "process" in args.methods:
+        out["startup"] = startup_times(args)
+        print_startup(out["startup"])
+    sys.stdout.flush()
     for size in args.sizes:
         path, how = ensure_store(args, size)
         mb = warm_page_cache(path)
         how += f", {mb:.0f} MB read once to warm the page cache"
         results = {}
         for method in args.methods:
-            results[method] = run_child(args, method, path)
+            results[method] = run_processes(args, path) if method == "process" else run_child(args, method, path)
         out["sizes"].append(report_size(size, path, how, results, args))
         sys.stdout.flush()
     if len(out["sizes"]) > 1:

@@ -8,7 +8,7 @@ options that decide the numbers), :func:`session` (where and in which chunks the
 from __future__ import annotations
 
 import os
-import time
+import sys
 from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -17,18 +17,19 @@ import dask
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from . import graph, kernels, metrics
+from . import graph, kernels, metrics, report
+from .choices import MAX_RANK_LIMIT, PRECISIONS
 from .cluster import CONNECT_TIMEOUT_S, ClusterOptions, connect
 from .errors import OptionError
 from .gom import GomOptions, query_curves
+from .outputs import check_folder
 from .gom import summarize as summarize_gom
-from .plan import DEFAULT_MEMORY_BUDGET, make_plan, parse_bytes
-from .progress import Reporter, ThreadedProgress, wait_distributed
+from .plan import DEFAULT_MEMORY_BUDGET, check_state_memory, make_plan, parse_bytes
+from .progress import Bar, Phases, Reporter, ThreadedProgress, compile_timer, compute_distributed
 from .protocol import Protocol
 from .state import Positives, QueryState, RankState
 from .store import Store, open_store, write_store
 
-PRECISIONS = ("float32", "float64")
 ARRAY_NAMES = {  # accepted names for in-memory input, long form first
     "query_features": ("query_features", "qf"),
     "query_pids": ("query_pids", "q_pids"),
@@ -58,8 +59,8 @@ class Settings:
             raise OptionError(f"metric must be one of {', '.join(kernels.METRIC_CODES)}, got {metric!r}")
         if precision not in PRECISIONS:
             raise OptionError(f"precision must be float32 or float64, got {precision!r}")
-        if max_rank < 1:
-            raise OptionError(f"max_rank must be at least 1, got {max_rank}")
+        if not 1 <= max_rank <= MAX_RANK_LIMIT:
+            raise OptionError(f"max_rank must be between 1 and {MAX_RANK_LIMIT:,}, got {max_rank}")
         junk = tuple(int(p) for p in Protocol.from_options(protocol, junk_pids).junk_pids)
         gom = None if no_gom else GomOptions.parse(gom_norm, gom_bins, gom_b, gom_vp)
         return cls(metric, protocol, junk, precision, max_rank, gom)
@@ -97,7 +98,7 @@ class Execution:
     memory_budget: object = DEFAULT_MEMORY_BUDGET
     workers: int | None = None
     cluster: ClusterOptions = ClusterOptions()
-    progress: bool = False
+    progress: object = False  # False, True (draw on stderr) or a text stream to draw on
 
     @classmethod
     def from_options(cls, caller: str, options: dict) -> "Execution":
@@ -119,30 +120,55 @@ EXECUTION_DEFAULTS = {  # where and in which chunks to run: the keywords evaluat
 
 
 class Runner:
-    """A connected session: the chunk plan and a way to compute graphs on the chosen scheduler."""
+    """A connected session: the chunk plan, and the graphs of a run computed on the chosen scheduler
+    under one progress bar (``bar``, None without progress).  The run's time is split in ``phases``:
+    "setup" until the first compute, then "passes" (the bar's time) until ``close``."""
 
-    def __init__(self, client, plan, progress: bool):
-        self.client, self.plan, self.progress = client, plan, progress
+    def __init__(self, client, plan, phases: Phases, bar: Bar | None):
+        self.client, self.plan, self.phases, self.bar = client, plan, phases, bar
         self.where = client.scheduler.address if client else "threads"
+        self.running = False
 
-    def compute(self, built, label: str = "streameval"):
+    def expect(self, pass_name: str, work: int) -> None:
+        """Announce the work of a pass a later compute will run (``Bar.expect``)."""
+        if self.bar is not None:
+            self.bar.expect(pass_name, work)
+
+    def compute(self, built):
         """Run a delayed graph on the threaded scheduler (BLAS pinned to one thread meanwhile) or the client."""
-        reporter = Reporter(label) if self.progress else None
+        keys = self.bar.add_graph(built.__dask_graph__()) if self.bar is not None else []
+        if not self.running:
+            self.running = True
+            started = self.phases.lap("setup")
+            if self.bar is not None:
+                self.bar.start(started)
         if self.client is None:
-            watch = ThreadedProgress(reporter) if reporter else nullcontext()
+            watch = ThreadedProgress(self.bar) if self.bar is not None else nullcontext()
             try:
                 with threadpool_limits(limits=1, user_api="blas"), watch:
-                    return dask.compute(built, scheduler="threads", num_workers=self.plan.workers)[0]
+                    # the scheduler itself, not "threads": naming one makes dask import distributed (0.3 s)
+                    return dask.compute(built, scheduler=dask.threaded.get, num_workers=self.plan.workers)[0]
             finally:
                 graph.release_scratch()
-        future = self.client.compute(built)
-        wait_distributed(self.client, [future], reporter)
-        return future.result()
+        if self.bar is None:
+            return self.client.compute(built).result()
+        return compute_distributed(self.client, built, keys, self.bar.finished)
+
+    def close(self, completed: bool) -> None:
+        """End the phase under way: the passes (and the bar: its 100% line if ``completed``), or the
+        setup if nothing was computed."""
+        now = self.phases.lap("passes" if self.running else "setup")
+        if self.bar is not None and self.running:
+            if completed:
+                self.bar.close(now)
+            else:
+                self.bar.reporter.abandon()
 
 
 @contextmanager
-def session(store: Store, settings: Settings, execution: Execution):
-    """Connect (checked, see ``cluster.connect``) and plan the chunks; yield a :class:`Runner`."""
+def session(store: Store, settings: Settings, execution: Execution, phases: Phases, label: str = "streameval"):
+    """Connect (checked, see ``cluster.connect``) and plan the chunks; yield a :class:`Runner` whose
+    progress bar is labelled ``label``.  Closing a cluster we connected to is a phase of its own."""
     with connect(execution.cluster, store) as client:
         client = client or _active_client()
         workers = execution.workers or (sum(client.nthreads().values()) if client else os.cpu_count() or 1)
@@ -151,7 +177,25 @@ def session(store: Store, settings: Settings, execution: Execution):
             store.gallery.features.dtype.itemsize, store.gallery.chunk_rows, workers,
             parse_bytes(execution.memory_budget), execution.query_block, execution.gallery_chunk,
         )
-        yield Runner(client, plan, execution.progress)
+        if settings.gom is not None:
+            check_state_memory(len(store.query), settings.gom.bins + 2, workers, parse_bytes(execution.memory_budget),
+                               f"--gom-bins {settings.gom.bins}")
+        runner = Runner(client, plan, phases, _progress_bar(execution.progress, label))
+        try:
+            yield runner
+        except BaseException:
+            runner.close(completed=False)
+            raise
+        runner.close(completed=True)
+    if execution.cluster.distributed:
+        phases.lap("closing cluster")
+
+
+def _progress_bar(progress, label: str) -> Bar | None:
+    """``progress``: False, True (draw on stderr) or a text stream to draw on."""
+    if not progress:
+        return None
+    return Bar(Reporter(label, progress if hasattr(progress, "write") else None))
 
 
 def evaluate(
@@ -188,13 +232,14 @@ def evaluate(
     LocalCluster) run it on a Dask cluster (checked first, giving up after ``connect_timeout``
     seconds); otherwise an active ``dask.distributed`` Client is used, or else Dask's threaded
     scheduler with ``workers`` threads (default: all cores).  BLAS runs one thread per task.
-    ``progress`` draws task progress on stderr.
+    ``progress`` draws the run's progress on stderr (or on the text stream given): percent of the
+    work, the pass under way, elapsed time and ETA.  ``result.run["phases"]`` splits the elapsed time.
 
     ``state``: also save the per-query state to this directory, so that ``streameval.update`` can
     later score only the gallery rows appended since (an existing state is replaced only with
     ``overwrite_state``).
     """
-    started = time.perf_counter()
+    phases = Phases()
     execution = Execution.from_options("evaluate", execution)
     store = _as_store(data, storage_options)
     settings = Settings.parse(store, metric, protocol, junk_pids, max_rank, precision, no_gom, gom_norm, gom_bins,
@@ -202,14 +247,16 @@ def evaluate(
     if state is not None:
         from .statestore import check_writable
 
+        check_folder(state, "state directory")
         check_writable(state, overwrite_state)
-    with session(store, settings, execution) as runner:
+    with session(store, settings, execution, phases) as runner:
         query_state, read = full_state(store, settings, runner)
     if state is not None:
         from .statestore import save_state
 
         save_state(state, store, settings, query_state)
-    return make_result(store, settings, query_state, runner, started, read, len(store.query) * len(store.gallery))
+        phases.lap("saving state")
+    return make_result(store, settings, query_state, runner, read, len(store.query) * len(store.gallery))
 
 
 def full_state(store: Store, settings: Settings, runner: Runner) -> tuple[QueryState, int]:
@@ -225,26 +272,33 @@ def full_state(store: Store, settings: Settings, runner: Runner) -> tuple[QueryS
     return query_state, read
 
 
-def make_result(store: Store, settings: Settings, state: QueryState, runner: Runner, started: float, bytes_read: int,
-                pairs: int, **run_facts) -> metrics.Result:
-    """Per-query values, closed-set and GOM aggregates of ``state``, and how the run went (``pairs``
-    scored since ``started``, ``bytes_read``, any other ``run_facts``)."""
-    per_query = metrics.query_values(state.positives, state.ranks)
+def make_result(store: Store, settings: Settings, state: QueryState, runner: Runner, bytes_read: int, pairs: int,
+                **run_facts) -> metrics.Result:
+    """Per-query values, closed-set and GOM aggregates of ``state``, and how the run went: ``pairs``
+    scored, ``bytes_read``, any other ``run_facts``, and the time of each phase of ``runner.phases``,
+    this one ("metrics") included, with numba's compiling or loading of the metric kernels (outside
+    the progress bar) named apart."""
+    with compile_timer() as compiling:
+        per_query = metrics.query_values(state.positives, state.ranks)
+        closed_set = metrics.closed_set(per_query, settings.max_rank)
+        gom = None
+        if settings.gom is not None:
+            curves = query_curves(state.positives, state.ranks, settings.gom,
+                                  graph.normalisation(settings.gom, state.dist_range))
+            gom = summarize_gom(curves, per_query["n_positives"], settings.gom, state.dist_range)
+            if settings.gom.norm == "fixed":
+                gom["clipped"] = state.clipping(settings.gom.lo, settings.gom.hi)
+    runner.phases.lap("metrics", carved={"compiling kernels": compiling.seconds} if compiling.seconds else None)
     n_valid = int((per_query["n_positives"] > 0).sum())
-    gom = None
-    if settings.gom is not None:
-        curves = query_curves(state.positives, state.ranks, settings.gom, graph.normalisation(settings.gom, state.dist_range))
-        gom = summarize_gom(curves, per_query["n_positives"], settings.gom, state.dist_range)
-    elapsed = time.perf_counter() - started
     return metrics.Result(
         n_queries=len(store.query), n_valid_queries=n_valid, n_open_queries=len(store.query) - n_valid,
         n_gallery=state.gallery_rows, metric=settings.metric, protocol=settings.protocol, max_rank=settings.max_rank,
-        per_query=per_query, **metrics.closed_set(per_query, settings.max_rank), gom=gom,
+        per_query=per_query, **closed_set, gom=gom,
         options={"junk_pids": list(settings.junk_pids), "precision": settings.precision},
         run={
             "query_block": runner.plan.query_block, "gallery_chunk": runner.plan.gallery_chunk,
-            "workers": runner.plan.workers, "scheduler": runner.where, "elapsed_s": elapsed,
-            "pairs_per_s": pairs / elapsed, "bytes_read": bytes_read, **run_facts,
+            "workers": runner.plan.workers, "scheduler": runner.where, "bytes_read": bytes_read,
+            **report.timing(dict(runner.phases.seconds), pairs), **run_facts,
         },
     )
 
@@ -271,11 +325,12 @@ def _memory_target():
 
 
 def _active_client():
-    """The active dask.distributed Client, or None (distributed is an optional extra)."""
-    try:
-        from distributed import default_client
-    except ImportError:
+    """The active dask.distributed Client, or None (distributed is an optional extra; without a
+    client it is not imported: that alone would take 0.2 s of the run's setup)."""
+    if "distributed" not in sys.modules:
         return None
+    from distributed import default_client
+
     try:
         return default_client()
     except ValueError:

@@ -13,6 +13,9 @@ passes over the new rows and over the old rows of a subset of the queries.
 
 Tasks receive the store's arrays (not data) and read their own gallery rows, so nothing but small
 states travels between workers; a query block and its positives are computed once and shared.
+Tasks that read or score rows are named by ``progress.work_key``: their pass and their work
+(``positives_work``, ``distance_work``), so the progress bar advances with the work done; merges
+carry none.
 A scoring task's state has a slot per positive of its query block, so the scoring pass runs as one
 chain of tasks per worker (each task adds its chunk to a copy of its predecessor's state): only
 O(workers) states are alive at once, however many chunks the gallery has.
@@ -28,9 +31,10 @@ import numpy as np
 from dask import delayed
 
 from . import kernels
-from .errors import StoreError
+from .errors import OptionError, StoreError
 from .gom import DistanceRange, GomOptions, Normalisation
 from .plan import Plan
+from .progress import pairs_work, read_work, work_key
 from .protocol import Protocol
 from .state import Positives, RankState
 from .store import FeatureSet, read_ids, read_rows, row_number
@@ -72,6 +76,13 @@ def load_rows(fs: FeatureSet, rows, scoring: Scoring) -> Rows:
         row = row_number(rows, int(np.flatnonzero(terms == 0)[0]))
         raise StoreError(f"{fs.name} row {row} is an all-zero feature vector: its cosine distance is undefined")
     norms = terms if scoring.metric == kernels.COSINE else np.sqrt(terms)
+    bad = kernels.first_out_of_range(norms, scoring.dtype)
+    if bad is not None:  # its dot products would overflow or underflow in the GEMM: silently wrong numbers
+        lo, hi = kernels.NORM_RANGE[scoring.dtype]
+        raise OptionError(
+            f"{fs.name} row {row_number(rows, bad)} has norm {norms[bad]:.3g}, outside [{lo:.3g}, {hi:.3g}] where "
+            f"{scoring.dtype} dot products neither overflow nor underflow; evaluate with --precision float64 "
+            "(precision='float64')")
     return Rows(features, terms, norms, pids, camids)
 
 
@@ -157,9 +168,10 @@ def score_chunk(gallery: FeatureSet, start: int, stop: int, queries: Rows, posit
     gom = scoring.gom
     n_bins = gom.bins if gom else 1
     if before is None:
-        state = RankState.empty(positives.dist.shape[0], len(queries.pids), n_bins + 2 if gom else 0)
+        state = RankState.empty(positives.dist.shape[0], len(queries.pids), n_bins + 2 if gom else 0,
+                                clipping=gom is not None and gom.norm == "fixed")
     else:  # a copy, so a task never changes its input (Dask may hold or re-use it)
-        state = RankState(before.neg_slots.copy(), before.neg_hist.copy())
+        state = before.copy()
     chunk = load_rows(gallery, slice(start, stop), scoring)
     junk = scoring.protocol.junk_mask(chunk.pids)
     for rows, dots in _sub_blocks(queries, chunk):
@@ -167,7 +179,8 @@ def score_chunk(gallery: FeatureSet, start: int, stop: int, queries: Rows, posit
             dots, queries.features[rows], chunk.features, queries.terms[rows], chunk.terms, queries.norms[rows],
             chunk.norms, scoring.metric, scoring.dot_bound, scoring.bin_bound, queries.pids[rows], chunk.pids, junk,
             start, positives.offsets[rows.start:rows.stop + 1], positives.dist, positives.gidx, state.neg_slots,
-            gom is not None, norm.mode, norm.lo, norm.span, n_bins, state.neg_hist[rows],
+            gom is not None, norm.mode, norm.lo, norm.span, n_bins, state.neg_hist[rows], state.clipped[rows],
+            state.pair_range[rows],
         )
     return state
 
@@ -199,35 +212,66 @@ def query_blocks(plan: Plan, queries: np.ndarray | None, n_query: int) -> list:
     return [queries[a:b] for a, b in plan.query_ranges(queries.shape[0])]
 
 
+def block_size(rows) -> int:
+    """Queries in a row selection of ``query_blocks``."""
+    return rows.stop - rows.start if isinstance(rows, slice) else len(rows)
+
+
+def block_sizes(plan: Plan, n_query: int) -> list[int]:
+    """Queries in each block of all ``n_query`` queries (the blocks of ``positives_pass``)."""
+    return [b - a for a, b in plan.query_ranges(n_query)]
+
+
+def load_queries(query: FeatureSet, rows, scoring: Scoring, pass_name: str):
+    """Delayed Rows of a query block, read as part of pass ``pass_name``."""
+    return delayed(load_rows)(query, rows, scoring,
+                              dask_key_name=work_key(pass_name, read_work(rows_bytes(query, block_size(rows)))))
+
+
 def positives_pass(query: FeatureSet, gallery: FeatureSet, plan: Plan, scoring: Scoring, start: int = 0):
     """Per query block of all queries: (delayed Rows, delayed Positives in gallery rows [start, end))."""
     chunks = plan.gallery_ranges(len(gallery), start)
     blocks = []
     for rows in query_blocks(plan, None, len(query)):
-        queries = delayed(load_rows)(query, rows, scoring)
-        pairs = [delayed(find_positive_pairs)(gallery, a, b, queries, scoring) for a, b in chunks]
-        blocks.append((queries, delayed(collect_positives)(rows.stop - rows.start, *pairs)))
+        queries = load_queries(query, rows, scoring, "positives")
+        pairs = [delayed(find_positive_pairs)(gallery, a, b, queries, scoring,
+                                              dask_key_name=work_key("positives", positives_work(gallery, a, b)))
+                 for a, b in chunks]
+        blocks.append((queries, delayed(collect_positives)(block_size(rows), *pairs)))
     return blocks
 
 
-def range_pass(gallery: FeatureSet, plan: Plan, scoring: Scoring, blocks, start: int = 0):
-    """Delayed DistanceRange of every pair of the blocks' queries with gallery rows [start, end),
-    their positives' distances included."""
+def range_pass(query: FeatureSet, gallery: FeatureSet, plan: Plan, scoring: Scoring, blocks, start: int = 0):
+    """Delayed DistanceRange of every pair of the blocks' queries (``positives_pass`` of ``query``)
+    with gallery rows [start, end), their positives' distances included."""
     chunks = plan.gallery_ranges(len(gallery), start)
-    ranges = [delayed(block_range)(gallery, a, b, queries, scoring) for queries, _ in blocks for a, b in chunks]
+    sizes = block_sizes(plan, len(query))
+    ranges = [delayed(block_range)(gallery, a, b, queries, scoring,
+                                   dask_key_name=work_key("range", distance_work(gallery, n_queries, a, b)))
+              for n_queries, (queries, _) in zip(sizes, blocks) for a, b in chunks]
     ranges += [delayed(positives_range)(positives) for _, positives in blocks]
     return tree_reduce(ranges, DistanceRange.merge)
 
 
-def scoring_pass(gallery: FeatureSet, plan: Plan, scoring: Scoring, queries, positives, norm, start: int, stop: int):
-    """Delayed RankState of one query block over gallery rows [start, stop): a chain of chunks per
-    worker, the chains' states merged at the end."""
+def scoring_pass(gallery: FeatureSet, plan: Plan, scoring: Scoring, n_queries: int, queries, positives, norm,
+                 start: int, stop: int, pass_name: str = "scoring"):
+    """Delayed RankState of one block of ``n_queries`` queries over gallery rows [start, stop): a
+    chain of chunks per worker, the chains' states merged at the end."""
     chunks = plan.gallery_ranges(stop, start)
     chains = [None] * max(1, min(plan.workers, len(chunks)))
     for i, (a, b) in enumerate(chunks):
-        chains[i % len(chains)] = delayed(score_chunk)(gallery, a, b, queries, positives, scoring, norm,
-                                                       chains[i % len(chains)])
+        chains[i % len(chains)] = delayed(score_chunk)(
+            gallery, a, b, queries, positives, scoring, norm, chains[i % len(chains)],
+            dask_key_name=work_key(pass_name, distance_work(gallery, n_queries, a, b)),
+        )
     return tree_reduce(chains, RankState.merge)
+
+
+def scoring_work(query: FeatureSet, gallery: FeatureSet, plan: Plan, n_queries: int, start: int, stop: int) -> int:
+    """The work of scoring ``n_queries`` queries over gallery rows [start, stop): ``scoring_pass`` and
+    ``load_queries`` of each query block."""
+    return sum(read_work(rows_bytes(query, b - a)) + distance_work(gallery, b - a, start, stop)
+               for a, b in plan.query_ranges(n_queries))
 
 
 def build(query: FeatureSet, gallery: FeatureSet, plan: Plan, scoring: Scoring):
@@ -239,11 +283,23 @@ def build(query: FeatureSet, gallery: FeatureSet, plan: Plan, scoring: Scoring):
     """
     blocks = positives_pass(query, gallery, plan, scoring)
     minmax = scoring.gom is not None and scoring.gom.norm == "minmax"
-    dist_range = range_pass(gallery, plan, scoring, blocks) if minmax else None
+    dist_range = range_pass(query, gallery, plan, scoring, blocks) if minmax else None
     norm = delayed(normalisation)(scoring.gom, dist_range)
-    states = [scoring_pass(gallery, plan, scoring, queries, positives, norm, 0, len(gallery))
-              for queries, positives in blocks]
+    sizes = block_sizes(plan, len(query))
+    states = [scoring_pass(gallery, plan, scoring, n_queries, queries, positives, norm, 0, len(gallery))
+              for n_queries, (queries, positives) in zip(sizes, blocks)]
     return delayed(tuple)([[positives for _, positives in blocks], states, dist_range])
+
+
+def positives_work(gallery: FeatureSet, start: int, stop: int) -> int:
+    """A positives task's work: reading gallery rows [start, stop), features included (read whenever
+    the rows hold a positive of the query block, the common case)."""
+    return read_work(rows_bytes(gallery, stop - start))
+
+
+def distance_work(gallery: FeatureSet, n_queries: int, start: int, stop: int) -> int:
+    """A range or scoring task's work: reading gallery rows [start, stop) and every pair with ``n_queries``."""
+    return read_work(rows_bytes(gallery, stop - start)) + pairs_work(n_queries, stop - start, gallery.dim)
 
 
 def rows_bytes(fs: FeatureSet, n_rows: int, features: bool = True) -> int:

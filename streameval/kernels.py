@@ -21,6 +21,16 @@ index)``), a negative's *slot* is the number of positives ordered before it.  ``
 counts the negatives in slot ``s``; the j-th positive then has ``n_j = sum_{s<j} neg_slots[a + s]``
 negatives before it and rank ``r_j = j + n_j``.  Slot counts are additive over gallery chunks, which
 is what lets the gallery stream.
+
+Precision limits.  A float32 GEMM overflows on rows of huge norm and loses its products to underflow
+on rows of tiny norm, both silently.  ``NORM_RANGE`` is the range of nonzero row norms for which the
+bound ``dot_error_bound`` holds (derived there); ``graph.load_rows`` refuses a row outside it.
+
+Start-up.  Kernels are compiled once and cached on disk (``cache=True``).  In a new process the
+first kernel call initialises numba's compiler context (~0.15 s, pure Python); loading a cached
+entry point then takes a few milliseconds.  Only the entry points ``row_terms``, ``pair_distances``,
+``distance_range``, ``score_block``, ``rank_summaries`` and ``gom_curves`` are called from Python;
+the ``_inline`` helpers are compiled into them.
 """
 
 from __future__ import annotations
@@ -34,21 +44,52 @@ SQEUCLIDEAN, EUCLIDEAN, COSINE = 0, 1, 2
 METRIC_CODES = {"sqeuclidean": SQEUCLIDEAN, "euclidean": EUCLIDEAN, "cosine": COSINE}
 UNIT_ROUNDOFF = {np.dtype(np.float32): 2.0**-24, np.dtype(np.float64): 2.0**-53}
 U64 = 2.0**-53
+# Absolute error one operation of a dot product may add beyond u |result|: rounding a subnormal
+# result, or flushing it to zero where a library sets FTZ - less than the smallest normal number.
+UNDERFLOW = {np.dtype(np.float32): 2.0**-126, np.dtype(np.float64): 2.0**-1022}
+# Nonzero row norms a GEMM in each working precision takes within ``dot_error_bound``, (lo, hi):
+# * float32, hi = 2^63: every partial sum of a dot is at most sum |q_k g_k| (1 + gamma_n) <=
+#   |q| |g| (1 + gamma_n) <= 2^126 (1 + gamma_n), a quarter of float32's maximum (~2^128): no
+#   overflow (a product is at most |q| |g| too).
+# * float32, lo = 2^-40: underflow adds an absolute error per dot that ``dot_error_bound`` covers
+#   as a relative term 3 dim UNDERFLOW / lo^2 ~ 3 dim 2^-46, a millionth of the rounding term
+#   dim 2^-24; rows of norm ~2^-83 (features scaled by 1e-25) would be all underflow.
+# * float64: stored features are float16 or float32, so a nonzero row's norm is at least 2^-149
+#   (float32's smallest subnormal) and |q| |g| <= dim * float32max^2 ~ dim 2^256, far below
+#   float64's 2^1024: nothing to refuse.  Products of float32 values are exact in float64 (48-bit
+#   significands, exponents >= -298), so underflow only touches cancelled sums, covered as above.
+NORM_RANGE = {np.dtype(np.float32): (2.0**-40, 2.0**63), np.dtype(np.float64): (2.0**-149, math.inf)}
 
 _jit = nb.njit(nogil=True, cache=True)
 _inline = nb.njit(nogil=True, cache=True, inline="always")
 
 
 def dot_error_bound(dim: int, dtype) -> float:
-    """c such that |GEMM dot - canonical dot| <= c |q| |g| for any summation order.
+    """c such that |GEMM dot - canonical dot| <= c |q| |g| for any summation order, for rows whose
+    nonzero norms are in ``NORM_RANGE[dtype]`` (a zero row's dots are exact zeros).
 
-    Both are sums of ``dim`` products: gamma_n = n u / (1 - n u) bounds each one's error relative to
-    sum |q_k g_k| <= |q| |g| (u of the GEMM's dtype, and of float64 for the canonical sum).
+    Both are sums of ``dim`` products: gamma_n = n u / (1 - n u) bounds each one's rounding error
+    relative to sum |q_k g_k| <= |q| |g| (u of the GEMM's dtype, and of float64 for the canonical
+    sum).  Underflow adds to each an absolute error below 2 dim ``UNDERFLOW`` (one per product and
+    addition, whatever the order), plus, where a library reads float32 inputs below the normal range
+    as zero (DAZ), at most 2^-126 sum_k (|q_k| + |g_k|) <= 2^-126 sqrt(dim) (|q| + |g|).  For norms
+    of at least lo = ``NORM_RANGE[dtype][0]`` <= 1/2 all of it is below 3 dim UNDERFLOW / lo^2 times
+    |q| |g|: the last term.
     """
+    dtype = np.dtype(dtype)
+
     def gamma(u):
         return dim * u / (1.0 - dim * u)
 
-    return gamma(UNIT_ROUNDOFF[np.dtype(dtype)]) + gamma(U64)
+    underflow = 3.0 * dim * (UNDERFLOW[dtype] + UNDERFLOW[np.dtype(np.float64)]) / NORM_RANGE[dtype][0] ** 2
+    return gamma(UNIT_ROUNDOFF[dtype]) + gamma(U64) + underflow
+
+
+def first_out_of_range(norms: np.ndarray, dtype) -> int | None:
+    """Index of the first nonzero norm outside ``NORM_RANGE[dtype]``, or None."""
+    lo, hi = NORM_RANGE[np.dtype(dtype)]
+    bad = np.flatnonzero((norms != 0.0) & ((norms < lo) | (norms > hi)))
+    return int(bad[0]) if bad.size else None
 
 
 def bin_error_bound(dim: int, dtype) -> float:
@@ -180,7 +221,7 @@ def threshold_bin(dn, n_bins):
 
 @_jit
 def score_block(dots, qf, gf, qa, ga, qn, gn, metric, c_dot, c_bins, q_pid, g_pid, g_junk, g_start,
-                pos_off, pos_d, pos_g, neg_slots, with_gom, norm_mode, lo, span, n_bins, neg_hist):
+                pos_off, pos_d, pos_g, neg_slots, with_gom, norm_mode, lo, span, n_bins, neg_hist, clipped, pair_range):
     """Add this chunk's negatives to the ranking slots and, with GOM, to the threshold histograms.
 
     dots: (qb, gc) GEMM dot products of the query block ``qf`` with the gallery chunk ``gf``
@@ -192,10 +233,13 @@ def score_block(dots, qf, gf, qa, ga, qn, gn, metric, c_dot, c_bins, q_pid, g_pi
       positive are counted, later ones change no rank.
     * ``neg_hist[i, k]`` (with_gom): negatives first returned at threshold tau_k
       (k = n_bins + 1: never returned).
+    * ``clipped[i]``, ``pair_range[i]`` (with_gom, when they have columns: fixed normalisation):
+      negatives whose d~ was clipped up to 0 (distance below LO) and down to 1 (above HI), as their
+      threshold was decided, and the (canonical) min and max distance of all the query's pairs.
 
     Decisions use the fast distance unless its window straddles a positive (bound ``c_dot``) or a
-    threshold (bound ``c_bins``); then the canonical distance.  Rows are done in simple loops so the
-    first two vectorise.
+    threshold or LO or HI (bound ``c_bins``); then the canonical distance.  Rows are done in simple
+    loops so the first two vectorise.
     """
     nq, ng = dots.shape
     dist = np.empty(ng, dtype=np.float64)
@@ -208,9 +252,14 @@ def score_block(dots, qf, gf, qa, ga, qn, gn, metric, c_dot, c_bins, q_pid, g_pi
         for j in range(ng):
             dist[j] = pair_distance(dots[i, j], qai, ga[j], metric)
         if with_gom:
-            _threshold_bins(dist, qf, gf, i, qai, ga, qni, gn, metric, c_bins, norm_mode, lo, span, n_bins, bins)
+            _threshold_bins(dist, qf, gf, i, qai, ga, qni, gn, metric, c_bins, norm_mode, lo, span, n_bins,
+                            clipped.shape[1] > 0, bins)
             for j in range(ng):
                 neg_hist[i, bins[j]] += (g_pid[j] != qp) & (g_junk[j] == 0)
+            if clipped.shape[1]:
+                _count_clipped(dist, qp, g_pid, g_junk, lo, span, clipped[i])
+                reach = distance_window(0.0, qni, gn_max, metric, c_dot)  # no window is wider
+                _settle_extremes(dist, qf, gf, i, qai, ga, metric, reach, pair_range[i])
         lo_pos = pos_off[i]
         hi_pos = pos_off[i + 1]
         if hi_pos == lo_pos:
@@ -230,8 +279,24 @@ def score_block(dots, qf, gf, qa, ga, qn, gn, metric, c_dot, c_bins, q_pid, g_pi
 
 
 @_inline
-def _threshold_bins(dist, qf, gf, i, qai, ga, qni, gn, metric, c_bins, norm_mode, lo, span, n_bins, bins):
-    """bins[j]: the GOM threshold that first returns gallery item j of row i."""
+def clip_side(d, lo, span):
+    """-1 when affine normalisation clips ``d`` up to 0 (below LO), 1 when down to 1 (above HI), else 0.
+
+    Without the division: for x = d - lo (rounded) and span > 0, the rounded x / span is > 1 exactly
+    when x > span (a double above span is at least span (1 + 2^-52 / m), m in [1, 2), whose quotient
+    rounds above 1) and < 0 exactly when d < lo.
+    """
+    return np.int64(d - lo > span) - np.int64(d < lo)
+
+
+@_inline
+def _threshold_bins(dist, qf, gf, i, qai, ga, qni, gn, metric, c_bins, norm_mode, lo, span, n_bins, sides, bins):
+    """bins[j]: the GOM threshold that first returns gallery item j of row i.
+
+    Where the window does not decide the bin (or, with ``sides``, the side of LO and HI:
+    ``clip_side``), ``dist[j]`` is replaced by the canonical distance the bin was decided on (a
+    window around it still holds).
+    """
     ng = dist.shape[0]
     if c_bins == 0.0:
         for j in range(ng):
@@ -240,10 +305,55 @@ def _threshold_bins(dist, qf, gf, i, qai, ga, qni, gn, metric, c_bins, norm_mode
     for j in range(ng):
         w = distance_window(dist[j], qni, gn[j], metric, c_bins)
         k = threshold_bin(normalise(dist[j] - w, norm_mode, lo, span), n_bins)
-        if k != threshold_bin(normalise(dist[j] + w, norm_mode, lo, span), n_bins):
-            exact = canonical_distance(qf, gf, i, j, qai, ga[j], metric)
-            k = threshold_bin(normalise(exact, norm_mode, lo, span), n_bins)
+        if (k != threshold_bin(normalise(dist[j] + w, norm_mode, lo, span), n_bins)) | (
+                sides and clip_side(dist[j] - w, lo, span) != clip_side(dist[j] + w, lo, span)):
+            dist[j] = canonical_distance(qf, gf, i, j, qai, ga[j], metric)
+            k = threshold_bin(normalise(dist[j], norm_mode, lo, span), n_bins)
         bins[j] = k
+
+
+@_inline
+def _count_clipped(dist, qp, g_pid, g_junk, lo, span, clipped):
+    """Add one row's negatives below LO and above HI (``clip_side``) to ``clipped``."""
+    below = 0
+    above = 0
+    for j in range(dist.shape[0]):
+        negative = (g_pid[j] != qp) & (g_junk[j] == 0)
+        side = clip_side(dist[j], lo, span)
+        below += negative & (side < 0)
+        above += negative & (side > 0)
+    clipped[0] += below
+    clipped[1] += above
+
+
+@_inline
+def _settle_extremes(dist, qf, gf, i, qai, ga, metric, reach, extremes):
+    """Lower ``extremes[0]`` / raise ``extremes[1]`` to row i's canonical min / max distance.
+
+    The pair with the canonical minimum has a fast distance within ``reach`` of it, hence within
+    two of the fast minimum: those pairs are settled canonically, unless none of them can lower
+    ``extremes[0]`` (and the same for the maximum).  Exact, in any chunk order.
+    """
+    low, high = _extremes(dist)
+    if low - reach < extremes[0]:
+        for j in range(dist.shape[0]):
+            if dist[j] <= low + 2.0 * reach:
+                extremes[0] = min(extremes[0], canonical_distance(qf, gf, i, j, qai, ga[j], metric))
+    if high + reach > extremes[1]:
+        for j in range(dist.shape[0]):
+            if dist[j] >= high - 2.0 * reach:
+                extremes[1] = max(extremes[1], canonical_distance(qf, gf, i, j, qai, ga[j], metric))
+
+
+@nb.njit(nogil=True, cache=True, fastmath={"nnan", "nsz"})
+def _extremes(x):
+    """(min, max) of ``x`` (no NaN: the flags let the reductions vectorise)."""
+    low = np.inf
+    high = -np.inf
+    for v in x:
+        low = min(low, v)
+        high = max(high, v)
+    return low, high
 
 
 @nb.njit(nogil=True, cache=True, fastmath={"nnan", "ninf", "nsz"})

@@ -98,37 +98,59 @@ class RankState:
       ``kernels.score_block``); the layout follows the queries' ``Positives.offsets``.
     * ``neg_hist``: (queries, GOM bins + 2) negatives first returned at each threshold, the last
       column for never; zero columns when GOM is off.
+    * ``clipped``: (queries, 2) negatives whose distance fixed GOM normalisation clipped, below LO
+      and above HI; ``pair_range``: (queries, 2) the min and max (canonical) distance of all the
+      query's pairs, [inf, -inf] before any.  Zero columns unless the normalisation is fixed.
+
+    ``merge`` adds the counts and takes the min / max of the ranges: exact, in any order.
     """
 
     neg_slots: np.ndarray
     neg_hist: np.ndarray
+    clipped: np.ndarray
+    pair_range: np.ndarray
 
     @classmethod
-    def empty(cls, n_positives: int, n_queries: int, n_hist: int) -> "RankState":
-        return cls(np.zeros(n_positives, dtype=np.int64), np.zeros((n_queries, n_hist), dtype=np.int64))
+    def empty(cls, n_positives: int, n_queries: int, n_hist: int, clipping: bool = False) -> "RankState":
+        width = 2 if clipping else 0
+        return cls(np.zeros(n_positives, dtype=np.int64), np.zeros((n_queries, n_hist), dtype=np.int64),
+                   np.zeros((n_queries, width), dtype=np.int64),
+                   np.tile(np.array([np.inf, -np.inf])[:width], (n_queries, 1)))
+
+    def copy(self) -> "RankState":
+        return RankState(*(np.array(arr, copy=True) for arr in self.arrays))
+
+    @property
+    def arrays(self) -> tuple:
+        return self.neg_slots, self.neg_hist, self.clipped, self.pair_range
 
     @staticmethod
     def merge(a: "RankState", b: "RankState") -> "RankState":
-        return RankState(a.neg_slots + b.neg_slots, a.neg_hist + b.neg_hist)
+        low = np.minimum(a.pair_range[:, :1], b.pair_range[:, :1])
+        high = np.maximum(a.pair_range[:, 1:], b.pair_range[:, 1:])
+        return RankState(a.neg_slots + b.neg_slots, a.neg_hist + b.neg_hist, a.clipped + b.clipped,
+                         np.concatenate([low, high], axis=1))
 
     def take(self, offsets: np.ndarray, queries: np.ndarray) -> "RankState":
         """The state of ``queries`` (in that order); ``offsets`` is this state's slot layout."""
-        return RankState(self.neg_slots[segment_positions(offsets, queries)], self.neg_hist[queries])
+        return RankState(self.neg_slots[segment_positions(offsets, queries)], self.neg_hist[queries],
+                         self.clipped[queries], self.pair_range[queries])
 
     @staticmethod
     def scatter(offsets: np.ndarray, n_hist: int, pieces: list) -> "RankState":
         """The state of all queries in slot layout ``offsets``, from ``(queries, RankState)`` pieces
         that together cover every query once (each piece's state in its ``queries``' order)."""
-        out = RankState.empty(int(offsets[-1]), offsets.shape[0] - 1, n_hist)
+        out = RankState.empty(int(offsets[-1]), offsets.shape[0] - 1, n_hist, pieces[0][1].clipped.shape[1] > 0)
         for queries, piece in pieces:
             out.neg_slots[segment_positions(offsets, queries)] = piece.neg_slots
-            out.neg_hist[queries] = piece.neg_hist
+            for mine, theirs in zip(out.arrays[1:], piece.arrays[1:]):
+                mine[queries] = theirs
         return out
 
     @staticmethod
     def concat(parts: list["RankState"]) -> "RankState":
         """Consecutive query blocks joined in query order."""
-        return RankState(np.concatenate([p.neg_slots for p in parts]), np.concatenate([p.neg_hist for p in parts]))
+        return RankState(*(np.concatenate(arrays) for arrays in zip(*(p.arrays for p in parts))))
 
 
 @dataclass(frozen=True)
@@ -142,3 +164,21 @@ class QueryState:
     ranks: RankState
     dist_range: object  # gom.DistanceRange | None
     gallery_rows: int
+
+    def clipping(self, lo: float, hi: float) -> dict:
+        """What fixed GOM normalisation to [lo, hi] clipped (``RankState.clipped``): the pairs GOM
+        thresholds (positives, from their exact distances, and negatives; junk is not thresholded)
+        below LO and above HI, out of ``pairs``, and the range of all pairs' distances, the one
+        minmax would take (``RankState.pair_range``; None without pairs)."""
+        lo, span = float(lo), float(hi) - float(lo)
+        dist = self.positives.dist
+        low = self.ranks.pair_range[:, 0].min(initial=np.inf)
+        high = self.ranks.pair_range[:, 1].max(initial=-np.inf)
+        n_queries = self.positives.n_queries
+        return {
+            "below": int(self.ranks.clipped[:, 0].sum() + (dist < lo).sum()),  # as kernels.clip_side
+            "above": int(self.ranks.clipped[:, 1].sum() + (dist - lo > span).sum()),
+            "pairs": n_queries * self.gallery_rows - int(self.positives.junk.sum()),
+            "observed_min": float(low) if low <= high else None,
+            "observed_max": float(high) if low <= high else None,
+        }

@@ -1,0 +1,191 @@
+"""Numbers that stay right at the edges of floating point.
+
+* Float32 GEMMs overflow on rows of huge norm and lose their products to underflow on rows of tiny
+  norm, silently (features scaled by 1e19 gave mAP 0.045, by 1e-25 0.96, instead of 0.74): such
+  rows are refused with the fix named (``kernels.NORM_RANGE``), and float64 precision takes them.
+  Features scaled by a power of two inside the range give exactly the unscaled numbers.
+* Fixed GOM normalisation clips distances outside LO:HI to the ends of the grid: the result counts
+  them (``gom["clipped"]``), exactly, whatever the chunking, and the report warns.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import streameval
+from streameval import OptionError, report
+
+from reference import distance_matrix, reference_evaluate
+
+TOL = 1e-12
+PROTOCOL_OPTIONS = dict(protocol="market", junk_pids=(-1,))
+
+
+def clustered_problem(seed=0, nq=40, ng=300, dim=24, ids=12):
+    """Features around one centre per identity, some distractors (pid 0) and junk (pid -1)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((ids + 1, dim))
+
+    def rows(pids):
+        return (centres[np.maximum(pids, 0)] + 0.9 * rng.standard_normal((pids.shape[0], dim))).astype(np.float32)
+
+    q_pids = rng.integers(1, ids + 1, nq)
+    g_pids = np.where(rng.random(ng) < 0.1, rng.integers(-1, 1, ng), rng.integers(1, ids + 1, ng))
+    return dict(qf=rows(q_pids), q_pids=q_pids, q_camids=rng.integers(0, 3, nq),
+                gf=rows(g_pids), g_pids=g_pids, g_camids=rng.integers(0, 3, ng))
+
+
+def scaled(problem: dict, scale: float) -> dict:
+    return {**problem, "qf": (problem["qf"] * scale).astype(np.float32),
+            "gf": (problem["gf"] * scale).astype(np.float32)}
+
+
+def comparable(result, scale: float = 1.0) -> dict:
+    """The result without run facts; the minmax range scaled back (euclidean distances scale exactly
+    with a power-of-two scale)."""
+    out = result.to_dict(per_query=True)
+    out.pop("run")
+    if out["gom"] is not None and out["gom"]["dmin"] is not None:
+        out["gom"]["dmin"] /= scale
+        out["gom"]["dmax"] /= scale
+    return out
+
+
+def assert_matches_reference(result, problem: dict) -> None:
+    ref = reference_evaluate(problem["qf"], problem["q_pids"], problem["q_camids"], problem["gf"], problem["g_pids"],
+                             problem["g_camids"], metric=result.metric, **PROTOCOL_OPTIONS, max_rank=result.max_rank)
+    for key in ("mAP", "mAP_trapezoid", "mINP"):
+        assert abs(getattr(result, key) - ref[key]) <= TOL, key
+    np.testing.assert_array_equal(result.cmc, ref["cmc"])
+    np.testing.assert_array_equal(result.per_query["first_hit_rank"], ref["per_query"]["first_hit_rank"])
+
+
+# ------------------------------------------------------------------------------- GEMM range of norms
+
+
+@pytest.mark.parametrize("scale", [1e19, 1e-25])
+def test_float32_refuses_rows_whose_dot_products_overflow_or_underflow(scale):
+    problem = scaled(clustered_problem(), scale)
+    with pytest.raises(OptionError, match=r"(query|gallery) row \d+ has norm .* outside .* --precision float64"):
+        streameval.evaluate(problem, no_gom=True)
+
+
+@pytest.mark.parametrize("scale", [1e19, 1e-25])
+def test_float64_takes_the_rows_float32_refuses(scale):
+    problem = scaled(clustered_problem(), scale)
+    result = streameval.evaluate(problem, no_gom=True, precision="float64")
+    assert_matches_reference(result, problem)
+    assert 0.6 < result.mAP < 0.9  # the clustered problem's own mAP, not an artefact of the scale
+
+
+@pytest.mark.parametrize("scale", [2.0**27, 2.0**-27])  # ~1.3e8 and ~7.5e-9, exact in float32
+@pytest.mark.parametrize("precision", ["float32", "float64"])
+def test_scales_inside_the_range_give_the_unscaled_numbers(scale, precision):
+    problem = clustered_problem(seed=1)
+    unscaled = streameval.evaluate(problem, precision=precision)
+    result = streameval.evaluate(scaled(problem, scale), precision=precision)
+    assert comparable(result, scale) == comparable(unscaled)
+    assert_matches_reference(result, scaled(problem, scale))
+
+
+def test_zero_rows_are_not_refused():
+    problem = clustered_problem(seed=2)
+    problem["gf"][5] = 0.0
+    problem["qf"][3] = 0.0
+    result = streameval.evaluate(problem, no_gom=True)
+    assert_matches_reference(result, problem)
+
+
+def test_cli_refusal_is_one_error_line_and_exit_2(tmp_path):
+    problem = scaled(clustered_problem(), 1e19)
+    store = tmp_path / "huge.zarr"
+    streameval.write_store(store, problem["qf"], problem["q_pids"], problem["q_camids"], problem["gf"],
+                           problem["g_pids"], problem["g_camids"])
+    command = [os.path.join(os.path.dirname(sys.executable), "streameval"), "eval", str(store), "--no-gom", "-q"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "--precision float64" in lines[0], proc.stderr
+    assert proc.stdout == ""
+
+
+# -------------------------------------------------------------------------- fixed normalisation clipping
+
+
+def integer_problem(seed: int):
+    """Integer-valued features: every distance exact, so the clipping counts are exact in float32 too."""
+    rng = np.random.default_rng(seed)
+    nq, ng, dim = 23, 61, 5
+    return dict(qf=rng.integers(-2, 3, (nq, dim)).astype(np.float32), q_pids=rng.integers(1, 6, nq),
+                q_camids=rng.integers(0, 2, nq), gf=rng.integers(-2, 3, (ng, dim)).astype(np.float32),
+                g_pids=rng.integers(-1, 7, ng), g_camids=rng.integers(0, 2, ng))
+
+
+def reference_clipping(problem: dict, metric: str, lo: float, hi: float) -> dict:
+    """Clipped: over every pair GOM thresholds (not junk: not a junk pid, not the query's pid in its
+    camera); observed: over all pairs."""
+    dist = distance_matrix(problem["qf"], problem["gf"], metric)
+    same_pid = problem["q_pids"][:, None] == problem["g_pids"][None, :]
+    same_cam = problem["q_camids"][:, None] == problem["g_camids"][None, :]
+    kept = ~(same_pid & same_cam) & (problem["g_pids"] != -1)[None, :]
+    side = (dist - lo) / (hi - lo)
+    return {"below": int((kept & (side < 0)).sum()), "above": int((kept & (side > 1)).sum()), "pairs": int(kept.sum()),
+            "observed_min": float(dist.min()), "observed_max": float(dist.max())}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("metric,precision", [("sqeuclidean", "float32"), ("euclidean", "float64"),
+                                              ("cosine", "float64")])
+def test_fixed_normalisation_counts_the_clipped_pairs_exactly_for_any_chunking(seed, metric, precision):
+    problem = integer_problem(seed)
+    for features in (problem["qf"], problem["gf"]):  # no all-zero row (cosine refuses them)
+        features[np.abs(features).sum(1) == 0, 0] = 1
+    dist = distance_matrix(problem["qf"], problem["gf"], metric)
+    lo, hi = (float(v) for v in np.quantile(dist, [0.2, 0.7]))  # a range that clips both ends
+    want = reference_clipping(problem, metric, lo, hi)
+    assert want["below"] > 0 and want["above"] > 0
+    results = []
+    for query_block, gallery_chunk in [(None, None), (7, 13), (1, 61), (23, 4)]:
+        result = streameval.evaluate(problem, metric=metric, precision=precision, gom_norm=f"fixed:{lo!r}:{hi!r}",
+                                     query_block=query_block, gallery_chunk=gallery_chunk)
+        assert result.gom["clipped"] == want
+        results.append(comparable(result))
+    assert all(other == results[0] for other in results[1:])
+    warning = [line for line in report.summary(result).splitlines() if "warning" in line]
+    assert len(warning) == 1 and f"{want['below']:,} below, {want['above']:,} above" in warning[0]
+
+
+def test_a_fixed_range_covering_every_distance_clips_nothing():
+    problem = integer_problem(3)
+    dist = distance_matrix(problem["qf"], problem["gf"], "sqeuclidean")
+    top = float(dist.max())
+    result = streameval.evaluate(problem, metric="sqeuclidean", gom_norm=f"fixed:0:{top!r}", gallery_chunk=9)
+    want = reference_clipping(problem, "sqeuclidean", 0.0, top)
+    assert result.gom["clipped"] == want and want["below"] == want["above"] == 0
+    assert "warning" not in report.summary(result)
+
+
+def test_other_normalisations_report_no_clipping():
+    problem = integer_problem(4)
+    for norm in ("minmax", "none"):
+        assert "clipped" not in streameval.evaluate(problem, gom_norm=norm).gom
+
+
+def test_clipping_of_real_valued_features_is_identical_for_any_chunking():
+    """Fast distances differ with the GEMM's blocks; the clipping counts and the observed range are
+    decided as the thresholds are (the range canonically), so every chunking gives the same."""
+    problem = clustered_problem(seed=5)
+    dist = distance_matrix(problem["qf"], problem["gf"], "euclidean")
+    lo, hi = (float(v) for v in np.quantile(dist, [0.1, 0.6]))
+    results = [streameval.evaluate(problem, gom_norm=f"fixed:{lo!r}:{hi!r}", query_block=qb, gallery_chunk=gc)
+               for qb, gc in [(None, None), (9, 31), (40, 7)]]
+    assert all(comparable(other) == comparable(results[0]) for other in results[1:])
+    clipped = results[0].gom["clipped"]
+    np.testing.assert_allclose([clipped["observed_min"], clipped["observed_max"]], [dist.min(), dist.max()], rtol=1e-12)
+    want = reference_clipping(problem, "euclidean", lo, hi)
+    assert abs(clipped["below"] - want["below"]) + abs(clipped["above"] - want["above"]) <= 2  # float32 near LO, HI
