@@ -4,16 +4,46 @@ Data flow, one module per step: ``store`` (zarr schema, validation) -> ``plan`` 
 ``kernels`` (numba) -> ``graph`` (Dask tasks, tree reduction) -> ``state`` (per-query counts) ->
 ``metrics`` (ratios, last) -> ``report`` / ``cli``; ``statestore`` + ``incremental`` keep the state
 between runs and score only appended gallery rows.
+
+The public names are imported on first use: ``import streameval`` (and ``streameval --help``) loads
+neither numba nor zarr nor dask.
 """
 
-from .errors import OptionError, StoreError, StreamevalError
-from .evaluate import evaluate
-from .incremental import update
-from .metrics import Result
-from .store import append_gallery, create_store, open_store, validate_values, write_store
+import sys
+import types
+from importlib import import_module
 
-__all__ = [
-    "evaluate", "update", "Result", "open_store", "create_store", "write_store", "append_gallery", "validate_values",
-    "StreamevalError", "StoreError", "OptionError",
-]
+from .errors import OptionError, StoreError, StreamevalError
+
+_LAZY = {  # public name -> module that defines it
+    "evaluate": "evaluate", "update": "incremental", "Result": "metrics", "open_store": "store",
+    "create_store": "store", "write_store": "store", "append_gallery": "store", "validate_values": "store",
+}
+
+__all__ = [*_LAZY, "StreamevalError", "StoreError", "OptionError"]
 __version__ = "0.1.0"
+
+
+class _Package(types.ModuleType):
+    """The package module, keeping ``streameval.evaluate`` the function: importing the submodule of
+    the same name makes the import system bind the attribute to the module, which would shadow it."""
+
+    def __setattr__(self, name, value):
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return  # the submodule stays reachable as sys.modules["streameval.<name>"]
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'streameval' has no attribute {name!r}")
+    value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

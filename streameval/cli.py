@@ -1,25 +1,24 @@
 """Command line: ``streameval eval | update | append | synth | convert | validate | plot``.
 
 Errors in the input end as one line on stderr and a non-zero exit code (2: bad option,
-3: bad store or data), never as a traceback.
+3: bad store or data, 4: cluster), never as a traceback.  Every output path is checked before any
+work starts (``outputs``).  The engine (numpy, numba, zarr, dask) is imported inside the commands,
+so ``--help`` answers at once.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sys
+import time
 
 import click
 
-from . import convert as convert_mod
-from . import incremental, report, synth as synth_mod
+from . import outputs
+from .choices import METRICS, PRECISIONS, PROTOCOLS
 from .errors import StreamevalError
-from .evaluate import PRECISIONS, evaluate
-from .kernels import METRIC_CODES
 from .plan import parse_bytes
-from .protocol import PROTOCOLS
-from .store import open_store, validate_values
+
+EXIT_INTERRUPTED = 130  # the shell's convention for Ctrl-C
 
 
 class _Group(click.Group):
@@ -29,8 +28,20 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except StreamevalError as exc:
-            click.echo(f"error: {exc}", err=True)
-            ctx.exit(exc.exit_code)
+            _fail(ctx, str(exc), exc.exit_code)
+        except KeyboardInterrupt:
+            _fail(ctx, "interrupted (Ctrl-C); outputs already written are complete, nothing was half-written",
+                  EXIT_INTERRUPTED)
+        except MemoryError:
+            _fail(ctx, "out of memory; lower --memory-budget (or --query-block / --gallery-chunk)", 3)
+        except OSError as exc:  # the file system refused (full disk, permissions) outside a checked write
+            where = f" '{exc.filename}'" if exc.filename else ""
+            _fail(ctx, f"{exc.strerror or exc}{where}", 3)
+
+
+def _fail(ctx, message: str, code: int):
+    click.echo(f"error: {message}", err=True)
+    ctx.exit(code)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -85,15 +96,6 @@ def _number_or_text(raw: str):
     return raw
 
 
-def _refuse_overwrite(path: str, overwrite: bool) -> None:
-    """Never replace a user's file silently: ask on a terminal, refuse otherwise."""
-    if path == "-" or overwrite or not os.path.exists(path):
-        return
-    if sys.stdin.isatty() and click.confirm(f"'{path}' exists. Overwrite it?", default=False):
-        return
-    raise click.UsageError(f"'{path}' exists; pass --overwrite to replace it")
-
-
 def _options(*decorators):
     """Apply click option decorators in the order listed (as if stacked above a command)."""
     def apply(f):
@@ -113,7 +115,7 @@ def _result_options(defaults: bool):
                             **kwargs)
 
     return _options(
-        option("--metric", type=click.Choice(list(METRIC_CODES)),
+        option("--metric", type=click.Choice(METRICS),
                help="Distance." + (" Default: the store's default_metric attribute (euclidean if unset)." if defaults
                                    else "")),
         option("--protocol", type=click.Choice(PROTOCOLS), default="market",
@@ -171,17 +173,28 @@ _output_options = _options(
 )
 
 
-def _show(result, store, json_path, per_query, quiet) -> None:
+def _finish(result, label, json_path, per_query, quiet) -> None:
+    """Write the JSON (timed as its own phase), then print the summary.  If the JSON cannot be
+    written, the summary is still printed and the error names the fallback file that holds it."""
+    from . import report
+
+    failure = None
+    if json_path:
+        started = time.perf_counter()
+        text = json.dumps(result.to_dict(per_query=per_query), indent=2) + "\n"
+        if json_path == "-":
+            click.echo(text, nl=False)
+        else:
+            try:
+                outputs.write_text(json_path, text)
+            except outputs.OutputError as exc:
+                failure = exc
+        report.add_phase(result, "writing JSON", time.perf_counter() - started)
     if not quiet:
         # with JSON on stdout, the table goes to stderr so the JSON stays parseable
-        click.echo(report.summary(result, store), err=json_path == "-")
-    if json_path:
-        text = json.dumps(result.to_dict(per_query=per_query), indent=2)
-        if json_path == "-":
-            click.echo(text)
-        else:
-            with open(json_path, "w") as fh:
-                fh.write(text + "\n")
+        click.echo(report.summary(result, label), err=json_path == "-")
+    if failure is not None:
+        raise failure
 
 
 @main.command("eval")
@@ -194,11 +207,11 @@ def _show(result, store, json_path, per_query, quiet) -> None:
 @click.option("--overwrite", is_flag=True, help="Replace an existing --json file or --state.")
 def eval_cmd(store, json_path, per_query, quiet, state, overwrite, **options):
     """Evaluate STORE's queries against its gallery, streaming the gallery in chunks."""
-    for path in (json_path, state):
-        if path:
-            _refuse_overwrite(path, overwrite)
-    result = evaluate(store, progress=not quiet, state=state, overwrite_state=True, **options)
-    _show(result, store, json_path, per_query, quiet)
+    outputs.check_file(json_path, overwrite, "--json file")
+    from .evaluate import evaluate  # checks --state before any work
+
+    result = evaluate(store, progress=not quiet, state=state, overwrite_state=overwrite, **options)
+    _finish(result, store, json_path, per_query, quiet)
 
 
 @main.command()
@@ -217,11 +230,12 @@ def update(store, state, json_path, per_query, quiet, overwrite, **options):
     every threshold, so then every query is (the summary says so).  Options that change the counts
     must match the state's; --max-rank, --gom-b and --gom-vp may differ.
     """
-    if json_path:
-        _refuse_overwrite(json_path, overwrite)
+    outputs.check_file(json_path, overwrite, "--json file")
     options["no_gom"] = options["no_gom"] or None  # an absent flag means "as in the state"
-    result = incremental.update(store, state, progress=not quiet, **options)
-    _show(result, store, json_path, per_query, quiet)
+    from .incremental import update as update_state
+
+    result = update_state(store, state, progress=not quiet, **options)
+    _finish(result, store, json_path, per_query, quiet)
 
 
 @main.command()
@@ -238,9 +252,13 @@ def append(store, input_npz):
     interrupted append leaves the store as it was.  Then 'streameval update STORE --state STATE'
     scores just the new rows.
     """
+    from .convert import append_npz
+    from .report import store_summary
+    from .store import open_store
+
     before = len(open_store(store).gallery)
-    opened = convert_mod.append_npz(input_npz, store)
-    click.echo(f"appended {len(opened.gallery) - before:,} rows: " + report.store_summary(opened))
+    opened = append_npz(input_npz, store)
+    click.echo(f"appended {len(opened.gallery) - before:,} rows: " + store_summary(opened))
 
 
 @main.command()
@@ -260,7 +278,7 @@ def append(store, input_npz):
 @click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)
 @click.option("--chunk-rows", type=click.IntRange(min=1), default=None,
               help="Rows per zarr chunk. Default: about 8 MiB of features per chunk.")
-@click.option("--metric", type=click.Choice(list(METRIC_CODES)), default="euclidean", show_default=True,
+@click.option("--metric", type=click.Choice(METRICS), default="euclidean", show_default=True,
               help="Default distance recorded in the store.")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
@@ -270,13 +288,18 @@ def synth(out, queries, gallery, dim, ids, cams, seed, junk, distractors, open_q
 
     Memory stays bounded by one chunk, so galleries of millions of rows can be generated.
     """
-    synth_mod.synthesize(
+    outputs.check_directory(out, overwrite, "store")
+    from .report import store_summary
+    from .store import open_store
+    from .synth import synthesize
+
+    synthesize(
         out, n_query=queries, n_gallery=gallery, dim=dim, n_ids=ids, n_cams=cams, seed=seed,
         junk_frac=junk, distractor_frac=distractors, open_query_frac=open_queries, dtype=dtype,
         chunk_rows=chunk_rows, default_metric=metric, overwrite=overwrite, progress=not quiet,
     )
     if not quiet:
-        click.echo(report.store_summary(open_store(out)))
+        click.echo(store_summary(open_store(out)))
 
 
 @main.command()
@@ -286,7 +309,7 @@ def synth(out, queries, gallery, dim, ids, cams, seed, junk, distractors, open_q
               help="Stored feature dtype. Default: float16 if the input is float16, else float32.")
 @click.option("--chunk-rows", type=click.IntRange(min=1), default=None,
               help="Rows per zarr chunk. Default: about 8 MiB of features per chunk.")
-@click.option("--metric", type=click.Choice(list(METRIC_CODES)), default="euclidean", show_default=True,
+@click.option("--metric", type=click.Choice(METRICS), default="euclidean", show_default=True,
               help="Default distance recorded in the store.")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 def convert(input_npz, out, dtype, chunk_rows, metric, overwrite):
@@ -298,9 +321,12 @@ def convert(input_npz, out, dtype, chunk_rows, metric, overwrite):
       query_pids       | q_pids      gallery_pids     | g_pids
       query_camids     | q_camids    gallery_camids   | g_camids
     """
-    store = convert_mod.convert_npz(input_npz, out, dtype=dtype, chunk_rows=chunk_rows,
-                                    default_metric=metric, overwrite=overwrite)
-    click.echo(report.store_summary(store))
+    outputs.check_directory(out, overwrite, "store")
+    from .convert import convert_npz
+    from .report import store_summary
+
+    store = convert_npz(input_npz, out, dtype=dtype, chunk_rows=chunk_rows, default_metric=metric, overwrite=overwrite)
+    click.echo(store_summary(store))
 
 
 @main.command()
@@ -310,11 +336,11 @@ def convert(input_npz, out, dtype, chunk_rows, metric, overwrite):
 def plot(result_json, out_png, overwrite):
     """Draw the CMC curve and the GOM mReP / mFR curves (tau_max marked) of an eval --json result.
 
-    Needs matplotlib (pip install 'streameval[plot]').
+    Needs matplotlib: in the streameval clone, .venv/bin/pip install -e '.[plot]' (scripts/demo does).
     """
+    outputs.check_file(out_png, overwrite, "plot file")
     from . import plot as plot_mod
 
-    _refuse_overwrite(out_png, overwrite)
     plot_mod.plot_result(result_json, out_png)
     click.echo(f"wrote {out_png}")
 
@@ -322,10 +348,14 @@ def plot(result_json, out_png, overwrite):
 @main.command()
 @click.argument("store", type=click.Path())
 def validate(store):
-    """Check STORE's structure and scan every feature for NaN or inf."""
+    """Check STORE's structure and read every chunk: missing chunk files, checksum mismatches
+    (damaged files), NaN or inf features and reserved ids are reported."""
+    from .report import store_summary
+    from .store import open_store, validate_values
+
     opened = open_store(store)
     validate_values(opened)
-    click.echo(report.store_summary(opened))
+    click.echo(store_summary(opened))
     click.echo("ok: structure and values are valid")
 
 

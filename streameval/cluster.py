@@ -15,7 +15,7 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .errors import StreamevalError
+from .errors import OptionError, StreamevalError
 
 PIN_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
 CONNECT_TIMEOUT_S = 15
@@ -40,6 +40,13 @@ class ClusterOptions:
     memory_limit: str | None = None
     connect_timeout: float = CONNECT_TIMEOUT_S
 
+    def __post_init__(self):
+        local_only = [name for name in ("n_workers", "threads_per_worker", "memory_limit") if getattr(self, name) is not None]
+        if local_only and self.cluster != "local":
+            flags = ", ".join("--" + name.replace("_", "-") for name in local_only)
+            raise OptionError(f"{flags} configure the workers streameval starts: use with --cluster local "
+                              "(an existing cluster's workers are configured where they are started)")
+
     @property
     def distributed(self) -> bool:
         return any((self.scheduler, self.scheduler_file, self.cluster))
@@ -49,7 +56,8 @@ def _import_distributed():
     try:
         import distributed
     except ImportError:
-        raise ClusterError("running on a Dask cluster needs dask.distributed: pip install 'streameval[distributed]'") from None
+        raise ClusterError("running on a Dask cluster needs dask.distributed: in the streameval clone, run "
+                           ".venv/bin/pip install -e '.[distributed]'") from None
     return distributed
 
 

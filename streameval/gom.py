@@ -21,10 +21,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernels
+from .choices import GOM_BINS_LIMIT, INT64_MAX
+from .choices import GOM_VP_MODES as VP_MODES
 from .errors import OptionError
 
 NORM_MODES = ("minmax", "fixed:LO:HI", "none")
-VP_MODES = ("reference", "jaccard")
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,10 @@ class GomOptions:
 
     @classmethod
     def parse(cls, norm: str = "minmax", bins: int = 100, b: int = 3000, vp: str = "reference") -> "GomOptions":
-        if bins < 1:
-            raise OptionError(f"gom_bins must be at least 1, got {bins}")
-        if b < 1:
-            raise OptionError(f"gom_b must be at least 1, got {b}")
+        if not 1 <= bins <= GOM_BINS_LIMIT:
+            raise OptionError(f"gom_bins must be between 1 and {GOM_BINS_LIMIT:,}, got {bins}")
+        if not 1 <= b <= INT64_MAX:
+            raise OptionError(f"gom_b must be between 1 and {INT64_MAX} (a count of returned items), got {b}")
         if vp not in VP_MODES:
             raise OptionError(f"gom_vp must be reference or jaccard, got {vp!r}")
         if norm in ("minmax", "none"):
@@ -55,8 +56,8 @@ class GomOptions:
             lo, hi = float(parts[1]), float(parts[2])
         except ValueError:
             raise OptionError(f"gom_norm must be minmax, none or fixed:LO:HI (e.g. fixed:0:2), got {norm!r}") from None
-        if not (np.isfinite(lo) and np.isfinite(hi) and hi > lo):
-            raise OptionError(f"gom_norm fixed:LO:HI needs finite LO < HI, got {norm!r}")
+        if not (np.isfinite(lo) and np.isfinite(hi) and hi > lo and np.isfinite(hi - lo)):
+            raise OptionError(f"gom_norm fixed:LO:HI needs finite LO < HI with a finite span HI - LO, got {norm!r}")
         return cls(norm="fixed", lo=lo, hi=hi, bins=bins, b=b, vp=vp)
 
     @property

@@ -42,10 +42,26 @@ class Result:
     gom: dict | None = None
 
     def rank(self, k: int) -> float | None:
-        """CMC@k; past the end of the computed curve it is None."""
-        if self.cmc is None or k > len(self.cmc):
-            return None
-        return float(self.cmc[k - 1])
+        """CMC@k for an integer 1 <= k <= max_rank; None when no query has a positive (Q+ empty)."""
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= self.max_rank:
+            raise ValueError(f"rank(k) needs an integer k from 1 to max_rank={self.max_rank}, got {k!r}"
+                             + ("; evaluate with a larger max_rank" if isinstance(k, (int, np.integer)) and k > 1 else ""))
+        return None if self.cmc is None else float(self.cmc[k - 1])
+
+    def __repr__(self) -> str:
+        """One line: what was evaluated and the headline numbers (the arrays stay in the fields)."""
+        def pct(value):
+            return "n/a" if value is None else f"{100 * value:.2f}%"
+
+        head = (f"Result({self.n_queries:,} queries x {self.n_gallery:,} gallery, {self.metric}, {self.protocol}: "
+                f"rank-1 {pct(self.rank(1))}, mAP {pct(self.mAP)}, mINP {pct(self.mINP)}")
+        if self.gom is not None:
+            head += f", MREP {_short(self.gom.get('MREP'))}, MFR {_short(self.gom.get('MFR'))}"
+        return head + ")"
+
+    def _rank_or_none(self, k: int) -> float | None:
+        """CMC@k, or None past the computed curve (the JSON's fixed rank keys)."""
+        return self.rank(k) if k <= self.max_rank else None
 
     def to_dict(self, per_query: bool = False) -> dict:
         """JSON-ready dict with the keys of METRICS.md section 5 (plus options and run facts)."""
@@ -58,9 +74,9 @@ class Result:
             "protocol": self.protocol,
             "max_rank": self.max_rank,
             "cmc": None if self.cmc is None else [float(v) for v in self.cmc],
-            "rank1": self.rank(1),
-            "rank5": self.rank(5),
-            "rank10": self.rank(10),
+            "rank1": self._rank_or_none(1),
+            "rank5": self._rank_or_none(5),
+            "rank10": self._rank_or_none(10),
             "mAP": self.mAP,
             "mAP_trapezoid": self.mAP_trapezoid,
             "mINP": self.mINP,
@@ -71,6 +87,10 @@ class Result:
         if per_query:
             out["per_query"] = {name: _json_list(self.per_query[name]) for name in PER_QUERY_FIELDS}
         return out
+
+
+def _short(value) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
 
 
 def _json_list(values: np.ndarray) -> list:

@@ -17,6 +17,7 @@ from .errors import OptionError
 
 DEFAULT_MEMORY_BUDGET = 1 << 30
 MIN_GALLERY_CHUNK = 256
+MIN_QUERY_BLOCK = 256  # fewer queries per task: the gallery is re-read for every handful of queries
 TASKS_PER_WORKER = 4  # enough tasks per thread that the last round leaves little idle time
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
@@ -74,6 +75,14 @@ def make_plan(
             raise OptionError(f"{name} must be a positive integer, got {value}")
     share = memory_budget // (2 * workers)
     row_bytes = dim * (itemsize + stored_itemsize)
+    if query_block is None or gallery_chunk is None:
+        needed = minimum_budget(n_query, dim, itemsize, stored_itemsize, workers)
+        if memory_budget < needed:
+            raise OptionError(
+                f"a memory budget of {format_bytes(memory_budget)} is too small to plan {workers} worker(s): at least "
+                f"{format_bytes(needed)} (a {MIN_GALLERY_CHUNK}-row gallery chunk against "
+                f"{min(n_query, MIN_QUERY_BLOCK)} queries per worker), or give --query-block and --gallery-chunk"
+            )
     if query_block is None:
         # all queries in one block when a minimal chunk still fits: then the gallery is read once
         query_block = max(1, min(n_query, (share - MIN_GALLERY_CHUNK * row_bytes) // (MIN_GALLERY_CHUNK * itemsize)))
@@ -82,6 +91,34 @@ def make_plan(
         balanced = math.ceil(n_gallery / (TASKS_PER_WORKER * workers))
         gallery_chunk = _align(max(MIN_GALLERY_CHUNK, min(fit, balanced)), store_chunk_rows)
     return Plan(query_block=int(min(query_block, n_query)), gallery_chunk=int(min(gallery_chunk, n_gallery)), workers=workers)
+
+
+def minimum_budget(n_query: int, dim: int, itemsize: int, stored_itemsize: int, workers: int) -> int:
+    """The smallest budget that plans sensibly: each worker holds a minimal gallery chunk (stored and
+    upcast) and its dot products with a block of MIN_QUERY_BLOCK queries (or all of them), doubled
+    as ``make_plan`` shares it."""
+    per_worker = MIN_GALLERY_CHUNK * (dim * (itemsize + stored_itemsize) + min(n_query, MIN_QUERY_BLOCK) * itemsize)
+    return 2 * workers * per_worker
+
+
+def check_state_memory(n_query: int, hist_columns: int, workers: int, memory_budget: int, option: str) -> None:
+    """Refuse per-query GOM state that cannot fit the budget: a histogram row per query in each of
+    the ``workers`` chains plus the reduced one, and the four per-query curves of the report."""
+    per_column = n_query * 8 * (workers + 1 + 4)
+    if hist_columns * per_column > memory_budget:
+        fits = max(0, memory_budget // per_column - 2)
+        raise OptionError(
+            f"{option} needs about {format_bytes(hist_columns * per_column)} of per-query GOM state for {n_query:,} "
+            f"queries, more than the memory budget of {format_bytes(memory_budget)}: use at most {fits:,} bins "
+            "or raise --memory-budget"
+        )
+
+
+def format_bytes(n: int) -> str:
+    for unit, size in (("PiB", 1 << 50), ("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
 
 
 def _align(rows: int, store_chunk_rows: int) -> int:

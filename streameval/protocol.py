@@ -11,13 +11,14 @@ index)``: the order every later count is taken against).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import numpy as np
 
+from .choices import INT64_MAX, INT64_MIN, PROTOCOLS
 from .errors import OptionError
 
-PROTOCOLS = ("market", "none")
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Protocol:
     def from_options(cls, protocol: str, junk_pids) -> "Protocol":
         if protocol not in PROTOCOLS:
             raise OptionError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
-        return cls(camera_filter=protocol == "market", junk_pids=np.unique(np.asarray(list(junk_pids), dtype=np.int64)))
+        return cls(camera_filter=protocol == "market", junk_pids=np.unique(np.asarray(_junk_list(junk_pids), dtype=np.int64)))
 
     def junk_mask(self, g_pid: np.ndarray) -> np.ndarray:
         """uint8 flag per gallery item: 1 when its pid is a junk pid (junk for every query)."""
@@ -59,3 +60,15 @@ class Protocol:
             junk += np.bincount(qrows[~keep], minlength=q_pid.shape[0])
             qrows, grows = qrows[keep], grows[keep]
         return qrows.astype(np.int64), grows.astype(np.int64), junk
+
+
+def _junk_list(junk_pids) -> list[int]:
+    """The junk pids as Python ints within int64 (the stores' pid type; its minimum is reserved)."""
+    try:
+        pids = [operator.index(p) for p in junk_pids]
+    except TypeError:
+        raise OptionError(f"junk_pids must be integers, got {junk_pids!r}") from None
+    outside = [p for p in pids if not INT64_MIN < p <= INT64_MAX]
+    if outside:
+        raise OptionError(f"junk pid {outside[0]} is outside the pid range (64-bit signed integers above {INT64_MIN})")
+    return pids

@@ -66,8 +66,8 @@ def test_synth_quiet_float16_and_refusal(tmp_path):
     assert store.gallery.features.dtype == np.float16 and store.gallery.chunk_rows == 8
     assert store.default_metric == "cosine"
     again = run("synth", path, "--queries", "6", "-q", ok=False)
-    assert again.exit_code == 3
-    assert again.stderr.strip() == f"error: '{path}' already exists; pass --overwrite (overwrite=True) to replace it"
+    assert again.exit_code == 2  # an output that exists is a usage error, refused before any work
+    assert again.stderr.strip() == f"error: '{path}' already exists; pass --overwrite to replace it"
     assert len(open_store(path).query) == 5
     run("synth", path, "--queries", "6", "--gallery", "40", "--dim", "4", "--ids", "3", "-q", "--overwrite")
     assert len(open_store(path).query) == 6
@@ -193,9 +193,9 @@ def test_convert_end_to_end(tmp_path):
     got = json.loads(run("eval", out, "--json", "-", "-q").stdout)
     assert got["metric"] == "sqeuclidean"
     assert_same_result(got, evaluate(data, metric="sqeuclidean").to_dict())
-    # refuses to overwrite (a store error: exit 3), then replaces with --overwrite
+    # refuses to overwrite (a usage error: exit 2, before reading the input), then replaces with --overwrite
     again = run("convert", tmp_path / "feats.npz", out, ok=False)
-    assert again.exit_code == 3 and again.stderr.startswith("error: ") and "already exists" in again.stderr
+    assert again.exit_code == 2 and again.stderr.startswith("error: ") and "already exists" in again.stderr
     run("convert", tmp_path / "feats.npz", out, "--overwrite", "--dtype", "float16")
     assert open_store(out).gallery.features.dtype == np.float16
 

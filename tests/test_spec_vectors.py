@@ -351,7 +351,11 @@ def test_tiny_gallery_cmc_stays_at_one(max_rank):
     expected[0] = 0.0
     np.testing.assert_array_equal(result.cmc, expected)
     assert result.rank(1) == 0.0
-    assert result.rank(5) == (1.0 if max_rank >= 5 else None)
+    if max_rank >= 5:
+        assert result.rank(5) == 1.0
+    else:  # past the computed curve: a clear error, not a silent None
+        with pytest.raises(ValueError, match="from 1 to max_rank"):
+            result.rank(5)
     assert_single_query(result, Fraction(1, 2), Fraction(1, 2), first_hit=2, n_positives=1)
 
 

@@ -1,0 +1,133 @@
+"""Where results go: output paths checked before any work starts, and files written so that nothing
+is lost.
+
+One policy for every output (``--json``, ``--state``, plot files, new stores):
+
+* the folder it goes into must exist and be writable — streameval never creates folders on its own,
+  so a typo in a path is reported at once instead of making a tree somewhere;
+* an existing file is replaced only with ``--overwrite`` (or a yes at the terminal prompt), and a
+  directory never stands where a file is to be written;
+* a file is written beside its final name and renamed into place, so a failure (a full disk) leaves
+  the previous file as it was; if the result cannot be written at all, it goes to a fallback file
+  whose path the error names (the evaluation is never lost).
+
+Imports nothing heavy: the CLI checks its outputs before loading the engine.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+
+from .errors import OptionError, StreamevalError
+
+
+class OutputError(StreamevalError):
+    """A result could not be written where asked (it was saved elsewhere, see the message)."""
+
+    exit_code = 3
+
+
+def is_url(path) -> bool:
+    return "://" in os.fspath(path)
+
+
+def check_folder(path, what: str) -> None:
+    """The folder that will hold ``path`` exists and is writable (URLs are not checked here)."""
+    if is_url(path):
+        return
+    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+    if not os.path.isdir(folder):
+        raise OptionError(f"the folder of the {what} '{os.fspath(path)}' does not exist ({folder}); create it first")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OptionError(f"cannot write the {what} '{os.fspath(path)}': the folder {folder} is not writable")
+
+
+def check_file(path, overwrite: bool, what: str = "output file") -> None:
+    """Before any work: ``path`` can be written as a file ('-' is standard output)."""
+    if path is None or os.fspath(path) == "-":
+        return
+    check_folder(path, what)
+    if os.path.isdir(path):
+        raise OptionError(f"the {what} '{os.fspath(path)}' is a directory; name a file")
+    if os.path.exists(path) and not overwrite and not _confirmed(path):
+        raise OptionError(f"'{os.fspath(path)}' exists; pass --overwrite to replace it")
+
+
+def check_directory(path, overwrite: bool, what: str) -> None:
+    """Before any work: a directory output (a store) may be created at ``path``."""
+    if path is None or is_url(path):
+        return
+    check_folder(path, what)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise OptionError(f"the {what} '{os.fspath(path)}' is an existing file, not a directory")
+    if os.path.exists(path) and not overwrite and not _confirmed(path):
+        raise OptionError(f"'{os.fspath(path)}' already exists; pass --overwrite to replace it")
+
+
+def _confirmed(path) -> bool:
+    """Ask at a terminal; never in scripts (there the answer is no)."""
+    if not sys.stdin.isatty():
+        return False
+    import click
+
+    return click.confirm(f"'{os.fspath(path)}' exists. Overwrite it?", default=False)
+
+
+def write_text(path, text: str, what: str = "result") -> None:
+    """Write ``text`` to ``path`` without ever leaving a partial file in its place.
+
+    On failure the text goes to a fallback file in the temporary folder (else the current or home
+    folder, else standard output) and :class:`OutputError` names where.
+    """
+    path = os.fspath(path)
+    try:
+        _replace_with(path, text)
+        return
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+    fallback = _fallback(text, what)
+    if fallback is None:  # last resort: the terminal or whatever captures standard output
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        raise OutputError(f"cannot write '{path}' ({reason}), nor a fallback file; the {what} was printed on standard output")
+    raise OutputError(f"cannot write '{path}' ({reason}); the {what} was saved to '{fallback}' instead")
+
+
+def _replace_with(path: str, text: str) -> None:
+    if os.path.exists(path) and not os.path.isfile(path):  # a device or pipe: write in place
+        with open(path, "w") as fh:
+            fh.write(text)
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".streameval-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _fallback(text: str, what: str) -> str | None:
+    prefix = f"streameval-{what.replace(' ', '-')}-{time.strftime('%Y%m%d-%H%M%S')}-"
+    for folder in (tempfile.gettempdir(), os.getcwd(), os.path.expanduser("~")):
+        try:
+            fd, candidate = tempfile.mkstemp(prefix=prefix, suffix=".json", dir=folder)
+        except OSError:
+            continue
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+            return candidate
+        except OSError:  # that folder is full too: leave no partial copy behind
+            os.unlink(candidate)
+    return None
