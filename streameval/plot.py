@@ -15,7 +15,7 @@ def plot_result(result_json: str, out_png: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise OptionError("plotting needs matplotlib: pip install 'streameval[plot]'") from None
+        raise OptionError("plotting needs matplotlib: in the streameval clone, run .venv/bin/pip install -e '.[plot]'") from None
     try:
         with open(result_json) as fh:
             result = json.load(fh)
