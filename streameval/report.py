@@ -45,22 +45,11 @@ PHASE_NOTES = {"passes": "passes (the bar)"}
 
 
 def phases_line(phases: dict) -> str:
-    """The line "20.52 s = 0.41 s setup + 19.80 s passes (the bar) + ...", its parts rounded so that
-    they add up to the total as printed."""
-    hundredths = _rounded_parts([100 * seconds for seconds in phases.values()])
+    """The line "20.52 s = 0.41 s setup + 19.80 s passes (the bar) + ...": every part printed as the
+    bar prints its time, and the total as the sum of the parts printed, so the line adds up exactly."""
+    hundredths = [int(round(float(f"{seconds:.2f}") * 100)) for seconds in phases.values()]
     parts = " + ".join(f"{h / 100:.2f} s {PHASE_NOTES.get(name, name)}" for name, h in zip(phases, hundredths))
     return f"  {sum(hundredths) / 100:.2f} s = {parts}"
-
-
-def _rounded_parts(values: list[float]) -> list[int]:
-    """Integers adding up to round(sum(values)), each the floor or ceiling of its value (largest
-    remainders rounded up)."""
-    floors = [int(v // 1) for v in values]
-    short = round(sum(values)) - sum(floors)
-    by_remainder = sorted(range(len(values)), key=lambda i: floors[i] - values[i])
-    for i in by_remainder[:short]:
-        floors[i] += 1
-    return floors
 
 
 def timing(phases: dict, pairs: int) -> dict:

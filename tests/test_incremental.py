@@ -277,7 +277,7 @@ def test_eval_refuses_to_replace_a_state_or_a_foreign_directory(tmp_path):
 CRASH = textwrap.dedent("""
     import os, signal, sys
     import numpy as np
-    import streameval, streameval.statestore, streameval.store
+    import streameval, streameval.statestore, streameval.store.writing
     def die(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
     what, store, state = sys.argv[1:4]
@@ -285,11 +285,11 @@ CRASH = textwrap.dedent("""
         streameval.statestore._sync_tree = die
         streameval.update(store, state)
     else:  # append: killed after the first batch of rows is written, before the commit
-        real = streameval.store.write_rows
+        real = streameval.store.writing.write_rows
         def write_then_die(*args):
             real(*args)
             die()
-        streameval.store.write_rows = write_then_die
+        streameval.store.writing.write_rows = write_then_die
         rng = np.random.default_rng(0)
         streameval.append_gallery(store, rng.integers(-2, 3, (40, 4)).astype(np.float32),
                                   np.full(40, 3), np.zeros(40, np.int64))

@@ -452,7 +452,7 @@ def test_interrupted_append_leaves_the_store_as_it_was(tmp_path, monkeypatch):
     def crash(target):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(streameval.store, "commit_gallery", crash)
+    monkeypatch.setattr(streameval.store.writing, "commit_gallery", crash)
     with pytest.raises(KeyboardInterrupt):
         append_gallery(path, extra, np.full(7, 999), np.zeros(7, np.int64))
     monkeypatch.undo()

@@ -1,0 +1,58 @@
+"""The feature store: a zarr v3 group holding query and gallery features.
+
+Layout (schema version 2)::
+
+    STORE.zarr/                       group attrs: streameval_schema = 2,
+                                                   default_metric = "euclidean",
+                                                   committed_gallery_rows, store_uid
+        query/features   (Nq, D)  float16 | float32, chunked (rows, D): never split along D
+        query/pids       (Nq,)    int64   person ids (-1 junk, 0 distractor by convention)
+        query/camids     (Nq,)    int64   camera ids
+        gallery/features (Ng, D)  as above
+        gallery/pids     (Ng,)    int64
+        gallery/camids   (Ng,)    int64
+
+The three arrays of a set are chunked by the same number of rows so one chunk of each describes the
+same images. Feature values are not compressed (float features do not compress); ids are (zstd).
+
+Damage cannot read as data (what schema 2 adds to schema 1):
+
+* Every chunk ends with a crc32c checksum (zarr's ``crc32c`` codec, the last bytes-to-bytes codec of
+  every array): a chunk file overwritten, truncated or garbled fails to decode instead of reading
+  as other numbers.
+* Fill values no valid row can hold: zarr answers an array's fill value for a chunk whose file is
+  missing, so features fill with NaN (refused as a value) and ids with ``ID_FILL`` = INT64_MIN, a
+  reserved id: writers refuse it, readers report it as a missing chunk.
+* ``committed_gallery_rows``: readers see only the gallery rows written completely (appends write
+  the data first, this count last).
+
+Every read of chunk data goes through ``read_field``, which turns a damaged or missing chunk into a
+:class:`~streameval.errors.StoreError` naming the set, the rows and the chunk file.
+
+``open_store`` checks everything that metadata alone can tell (arrays present, dtypes, shapes,
+chunking, checksums and fill values) and raises StoreError with a readable message. Values (finite
+features, ids) are checked as chunks are read (``read_rows``), so a full scan is never an extra pass
+over a large gallery; ``validate_values`` does that scan on demand.
+
+Values are checked before they are written (``check_batch``): finite features whose rows keep their
+precision in the stored dtype, ids that fit int64 and are not the reserved fill value.
+
+The package is split by step: ``layout`` (schema constants, FeatureSet / Store, ``open_store``),
+``values`` (checks before writing), ``writing`` (create, fill, append), ``reading`` (chunk reads,
+``validate_values``, ``rows_fingerprint``).  The names below are its public interface.
+"""
+
+from .layout import (COMMITTED_ATTR, DEFAULT_CHUNK_ROWS, FEATURE_DTYPES, FIELDS, ID_FILL, METRICS, SCHEMA_VERSION, SETS,
+                     FeatureSet, Store, describe, is_local_path, open_store)
+from .reading import read_field, read_ids, read_rows, rows_fingerprint, validate_values
+from .values import check_batch, check_features, check_ids, feature_dtype, row_number
+from .writing import (append_batches, append_gallery, commit_gallery, create_store, estimated_bytes, new_store,
+                      refuse_existing, write_rows, write_store)
+
+__all__ = [
+    "COMMITTED_ATTR", "DEFAULT_CHUNK_ROWS", "FEATURE_DTYPES", "FIELDS", "ID_FILL", "METRICS", "SCHEMA_VERSION", "SETS",
+    "FeatureSet", "Store", "describe", "is_local_path", "open_store", "read_field", "read_ids", "read_rows",
+    "rows_fingerprint", "validate_values", "check_batch", "check_features", "check_ids", "feature_dtype", "row_number",
+    "append_batches", "append_gallery", "commit_gallery", "create_store", "estimated_bytes", "new_store",
+    "refuse_existing", "write_rows", "write_store",
+]

@@ -1,0 +1,187 @@
+"""The store's layout: schema constants, FeatureSet / Store, and opening a store with every
+structural check metadata allows (see the package docstring)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import zarr
+from zarr.codecs import Crc32cCodec
+
+from ..choices import INT64_MIN, METRICS
+from ..errors import StoreError, one_line
+
+
+SCHEMA_VERSION = 2
+COMMITTED_ATTR = "committed_gallery_rows"
+UID_ATTR = "store_uid"  # random, made when a store is created: a rewritten store gets a new one
+SETS = ("query", "gallery")
+FIELDS = ("features", "pids", "camids")
+FEATURE_DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
+DEFAULT_CHUNK_ROWS = 8192
+ID_FILL = INT64_MIN  # the ids' fill value: reserved, never a valid id
+CHECKSUM_BYTES = 4  # crc32c, appended to every encoded chunk
+RECREATE = "recreate it with 'streameval convert' (from the .npz) or 'streameval synth'"
+
+
+@dataclass(frozen=True)
+class FeatureSet:
+    """The three arrays describing one set (query or gallery)."""
+
+    name: str
+    features: zarr.Array
+    pids: zarr.Array
+    camids: zarr.Array
+    rows: int  # committed rows: the arrays may hold an uncommitted tail left by an interrupted append
+
+    def __len__(self) -> int:
+        return self.rows
+
+    @property
+    def dim(self) -> int:
+        return self.features.shape[1]
+
+    @property
+    def chunk_rows(self) -> int:
+        return self.features.chunks[0]
+
+
+@dataclass(frozen=True)
+class Store:
+    """An opened, structurally valid feature store."""
+
+    path: str
+    query: FeatureSet
+    gallery: FeatureSet
+    default_metric: str
+    uid: str | None = None
+
+    @property
+    def dim(self) -> int:
+        return self.query.dim
+
+
+def is_local_path(target) -> bool:
+    """A local path (URLs such as s3://bucket/x.zarr are opened through fsspec instead)."""
+    return isinstance(target, (str, os.PathLike)) and "://" not in os.fspath(target)
+
+
+def describe(target) -> str:
+    return os.fspath(target) if isinstance(target, (str, os.PathLike)) else repr(target)
+
+
+
+
+def open_store(target, mode: str = "r", storage_options: dict | None = None, _writing: bool = False) -> Store:
+    """Open a store (a path, an fsspec URL with ``storage_options``, or a zarr store object) and
+    check its structure.
+
+    Raises StoreError naming the first problem found.  (``_writing``: a store being filled by
+    ``create_store`` + ``write_rows``, whose gallery rows are not committed yet.)
+    """
+    path = describe(target)
+    if is_local_path(target) and not os.path.exists(path):
+        raise StoreError(f"no feature store at '{path}' (create one with 'streameval synth' or 'streameval convert')")
+    try:
+        group = zarr.open_group(target, mode=mode, storage_options=storage_options or None)
+        attrs = dict(group.attrs)
+    except Exception as exc:  # zarr raises several types for "not a group"
+        raise StoreError(f"'{path}' is not a zarr v3 group: {one_line(exc)}") from None
+    schema = attrs.get("streameval_schema")
+    if schema == 1:
+        raise StoreError(f"'{path}' was written by an older streameval (store schema 1: no chunk checksums, "
+                         f"missing chunks read as zeros); {RECREATE}")
+    if schema != SCHEMA_VERSION:
+        raise StoreError(
+            f"'{path}' is not a streameval store of schema {SCHEMA_VERSION} (attribute streameval_schema={schema!r})"
+        )
+    committed = None if _writing else _committed_rows(attrs, path)
+    query = _open_set(group, path, "query", None)
+    gallery = _open_set(group, path, "gallery", committed)
+    if query.dim != gallery.dim:
+        raise StoreError(
+            f"'{path}': query features have dimension {query.dim} but gallery features have {gallery.dim}"
+        )
+    for fs in (query, gallery):
+        _check_safeguards(fs, path)
+    default_metric = attrs.get("default_metric", "euclidean")
+    if default_metric not in METRICS:
+        raise StoreError(f"'{path}': default_metric {default_metric!r} is not one of {', '.join(METRICS)}")
+    return Store(path=path, query=query, gallery=gallery, default_metric=default_metric, uid=attrs.get(UID_ATTR))
+
+
+def _committed_rows(attrs: dict, path: str) -> int:
+    """The committed gallery row count (its range is checked against the arrays in ``_open_set``)."""
+    value = attrs.get(COMMITTED_ATTR)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise StoreError(f"'{path}': attribute {COMMITTED_ATTR} is {value!r}, not a row count "
+                         f"(the store's metadata is damaged); {RECREATE}")
+    return value
+
+
+def _open_set(group: zarr.Group, path: str, name: str, committed: int | None) -> FeatureSet:
+    arrays = {}
+    for field in FIELDS:
+        key = f"{name}/{field}"
+        try:
+            arrays[field] = group[key]
+        except KeyError:
+            raise StoreError(f"'{path}' has no '{key}' array") from None
+        except Exception as exc:  # a damaged zarr.json
+            raise StoreError(f"'{path}': cannot read the metadata of '{key}': {one_line(exc)}") from None
+        if not isinstance(arrays[field], zarr.Array):
+            raise StoreError(f"'{path}': '{key}' is a group, expected an array")
+    rows = arrays["features"].shape[0] if committed is None else committed
+    fs = FeatureSet(name=name, rows=rows, **arrays)
+    _check_set_structure(fs, path, exact=committed is None)
+    return fs
+
+
+def _check_set_structure(fs: FeatureSet, path: str, exact: bool) -> None:
+    """``exact``: all three arrays have exactly ``rows`` rows; otherwise at least ``rows`` (the
+    gallery of an appendable store, which may carry an uncommitted tail)."""
+    where = f"'{path}' {fs.name}"
+    feats = fs.features
+    if feats.ndim != 2:
+        raise StoreError(f"{where}/features must be 2-D (rows x dim), got shape {feats.shape}")
+    if feats.dtype not in FEATURE_DTYPES:
+        raise StoreError(f"{where}/features has dtype {feats.dtype}; expected float16 or float32")
+    if feats.chunks[1] != feats.shape[1]:
+        raise StoreError(
+            f"{where}/features is chunked {feats.chunks}, splitting the feature axis; "
+            f"rechunk to (rows, {feats.shape[1]})"
+        )
+    for field in ("pids", "camids"):
+        dtype = getattr(fs, field).dtype
+        if dtype != np.dtype(np.int64):
+            raise StoreError(f"{where}/{field} has dtype {dtype}; expected int64")
+    if fs.rows < 0:
+        raise StoreError(f"'{path}': attribute {COMMITTED_ATTR} is {fs.rows}, a negative row count "
+                         f"(the store's metadata is damaged); {RECREATE}")
+    if not exact and feats.shape[0] < fs.rows:
+        raise StoreError(f"{where}: {fs.rows} rows are committed but features hold only {feats.shape[0]}")
+    for field in ("pids", "camids"):
+        arr = getattr(fs, field)
+        if arr.ndim != 1 or (arr.shape[0] != feats.shape[0] if exact else arr.shape[0] < fs.rows):
+            raise StoreError(
+                f"{where}: {field} has shape {arr.shape} but features have {feats.shape[0]} rows; "
+                "features, pids and camids must have one entry per image"
+            )
+    if fs.rows == 0:
+        raise StoreError(f"{where} set is empty" + ("" if exact else " (no committed rows: was writing interrupted?)"))
+
+
+def _check_safeguards(fs: FeatureSet, path: str) -> None:
+    """Checksums and fill values that make a damaged or missing chunk fail loudly (module docstring)."""
+    for field in FIELDS:
+        arr = getattr(fs, field)
+        codecs = getattr(arr.metadata, "codecs", ())
+        if not codecs or not isinstance(codecs[-1], Crc32cCodec):
+            raise StoreError(f"'{path}' {fs.name}/{field} is stored without crc32c chunk checksums; {RECREATE}")
+        fill = arr.fill_value
+        if not (np.isnan(fill) if field == "features" else fill == ID_FILL):
+            expected = "NaN" if field == "features" else f"{ID_FILL}"
+            raise StoreError(f"'{path}' {fs.name}/{field} has fill value {fill}, expected {expected} (so that a "
+                             f"missing chunk cannot read as data); {RECREATE}")

@@ -1,0 +1,175 @@
+"""Reading chunk data: every read goes through ``read_field``, which turns a damaged or missing
+chunk into a StoreError naming the set, the rows and the chunk file; ``rows_fingerprint`` hashes
+rows cheaply from the chunks' stored checksums."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+import zarr
+from zarr.abc.store import SuffixByteRequest
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.common import concurrent_map
+from zarr.core.sync import sync
+
+from ..errors import StoreError, one_line
+from .layout import CHECKSUM_BYTES, FIELDS, FeatureSet, ID_FILL, Store
+from .values import row_number
+
+
+def _chunk_rows_range(arr: zarr.Array, index: int) -> tuple[int, int]:
+    first = index * arr.chunks[0]
+    return first, min(first + arr.chunks[0], arr.shape[0])
+
+
+def _chunk_key(arr: zarr.Array, index: int) -> str:
+    return arr.metadata.encode_chunk_key((index,) + (0,) * (arr.ndim - 1))
+
+
+def _chunk_location(arr: zarr.Array, index: int) -> str:
+    """The chunk's file (a local path, else the store's URL and the key)."""
+    where = arr.store_path / _chunk_key(arr, index)
+    if isinstance(where.store, zarr.storage.LocalStore):
+        return os.path.join(where.store.root, where.path)
+    return str(where)
+
+
+def _chunks_read(arr: zarr.Array, rows) -> list[int]:
+    """Indices of the chunks holding ``rows`` (a slice or row numbers)."""
+    step = arr.chunks[0]
+    if isinstance(rows, slice):
+        start, stop, _ = rows.indices(arr.shape[0])
+        return list(range(start // step, -(-stop // step)))
+    return [int(i) for i in np.unique(np.asarray(rows) // step)]
+
+
+def _damaged(fs: FeatureSet, field: str, rows, exc: Exception) -> StoreError:
+    """The error for a read that failed: find the chunk that fails to decode (this path only runs
+    after a failure, so reading chunk by chunk costs nothing otherwise)."""
+    arr = getattr(fs, field)
+    for index in _chunks_read(arr, rows):
+        first, stop = _chunk_rows_range(arr, index)
+        try:
+            arr[first:stop]
+        except Exception as chunk_exc:
+            return StoreError(f"{fs.name} rows {first}-{stop - 1}: the {field} chunk {_chunk_location(arr, index)} "
+                              f"cannot be read ({_read_failure(chunk_exc)}); the store is damaged: restore that file "
+                              "or recreate the store")
+    return StoreError(f"cannot read {fs.name} {field} from '{arr.store_path}' ({_read_failure(exc)})")
+
+
+def _read_failure(exc: Exception) -> str:
+    text = one_line(exc)
+    return "its crc32c checksum does not match its bytes" if "checksum do not match" in text else text
+
+
+def _filled(fs: FeatureSet, field: str, row: int) -> StoreError:
+    """The error for a row read as the fill value: a missing chunk file (or a store this process
+    cannot see at all), else a value that was written so."""
+    arr = getattr(fs, field)
+    index = row // arr.chunks[0]
+    if not sync((arr.store_path / _chunk_key(arr, index)).exists()):
+        if not sync((arr.store_path / "zarr.json").exists()):
+            return StoreError(f"cannot read '{arr.store_path}' from this process (store missing or not reachable here)")
+        first, stop = _chunk_rows_range(arr, index)
+        return StoreError(f"{fs.name} rows {first}-{stop - 1}: chunk missing from the store ({field} read as the "
+                          f"fill value; no file {_chunk_location(arr, index)}); "
+                          "restore that file or recreate the store")
+    if field == "features":
+        return StoreError(f"{fs.name} features hold non-finite values (NaN or inf), first at row {row}")
+    return StoreError(f"{fs.name} {field} row {row} holds {ID_FILL}, the value reserved to mark missing chunks")
+
+
+def read_field(fs: FeatureSet, field: str, rows) -> np.ndarray:
+    """Read ``rows`` (a slice, or an array of row numbers: only their chunks are read) of one array
+    of a set, as stored.  Every read of chunk data goes through here: a chunk that fails to decode
+    (checksum mismatch, truncated, unreadable file) or is missing (read as the fill value), and a
+    non-finite feature, raise StoreError naming the set, the rows and the chunk file."""
+    arr = getattr(fs, field)
+    try:
+        values = arr.oindex[(rows,) + (slice(None),) * (arr.ndim - 1)]
+    except Exception as exc:  # zarr, its codecs and the store raise many types for a damaged chunk
+        raise _damaged(fs, field, rows, exc) from None
+    filled = ~np.isfinite(values).all(axis=1) if field == "features" else values == ID_FILL
+    if filled.any():
+        raise _filled(fs, field, row_number(rows, int(np.flatnonzero(filled)[0])))
+    return values
+
+
+def read_rows(fs: FeatureSet, rows, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Read rows of a set (a slice, or an array of row numbers: only their chunks are read):
+    features upcast to ``dtype`` and checked finite, ids as int64."""
+    features = np.ascontiguousarray(read_field(fs, "features", rows), dtype=dtype)
+    pids = np.asarray(read_field(fs, "pids", rows), dtype=np.int64)
+    camids = np.asarray(read_field(fs, "camids", rows), dtype=np.int64)
+    return features, pids, camids
+
+
+def read_ids(fs: FeatureSet, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Read pids and camids of rows [start, stop) as int64 (no features)."""
+    rows = slice(start, len(fs) if stop is None else stop)
+    return (np.asarray(read_field(fs, "pids", rows), dtype=np.int64),
+            np.asarray(read_field(fs, "camids", rows), dtype=np.int64))
+
+
+def validate_values(store: Store) -> None:
+    """Scan every chunk of both sets and raise StoreError on the first damaged or missing chunk,
+    non-finite feature or reserved id."""
+    for fs in (store.query, store.gallery):
+        for start in range(0, len(fs), fs.chunk_rows):
+            read_rows(fs, slice(start, min(start + fs.chunk_rows, len(fs))), fs.features.dtype)
+
+
+
+
+def rows_fingerprint(fs: FeatureSet, rows: int) -> str:
+    """A hash of rows [0, rows) of a set covering every chunk that holds them, cheaply.
+
+    A chunk wholly below ``rows`` contributes its stored crc32c (the last bytes of the chunk file,
+    one small ranged read: a rewritten value changes it); the chunk holding row ``rows`` - 1, when
+    it is partial, contributes the values of its rows below ``rows`` (an append rewrites the rest
+    of that chunk).  So appending rows leaves the fingerprint of the old rows as it was, and
+    rewriting any of them changes it.  A missing chunk file raises StoreError.
+    """
+    if not 0 <= rows <= len(fs):
+        raise StoreError(f"cannot fingerprint {rows:,} {fs.name} rows: the set has {len(fs):,}")
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(f"{rows} {fs.dim} {fs.features.dtype} {fs.chunk_rows}".encode())
+    for field in FIELDS:
+        arr = getattr(fs, field)
+        whole = rows // arr.chunks[0]
+        digest.update(field.encode())
+        for checksum in _stored_checksums(fs, field, whole):
+            digest.update(checksum)
+        tail = slice(whole * arr.chunks[0], rows)
+        if tail.stop > tail.start:
+            digest.update(np.ascontiguousarray(read_field(fs, field, tail)).tobytes())
+    return digest.hexdigest()
+
+
+def _stored_checksums(fs: FeatureSet, field: str, n_chunks: int) -> list[bytes]:
+    """The crc32c of the first ``n_chunks`` chunks of one array, read as the last bytes of each file."""
+    arr = getattr(fs, field)
+    prototype = default_buffer_prototype()
+
+    async def last_bytes(index):
+        return await (arr.store_path / _chunk_key(arr, index)).get(prototype, SuffixByteRequest(CHECKSUM_BYTES))
+
+    try:
+        limit = zarr.config.get("async.concurrency")
+        buffers = sync(concurrent_map([(i,) for i in range(n_chunks)], last_bytes, limit))
+    except Exception as exc:  # an unreadable file, a store error
+        raise StoreError(f"cannot read the chunk checksums of {fs.name} {field} in '{arr.store_path}' "
+                         f"({one_line(exc)})") from None
+    checksums = []
+    for index, buffer in enumerate(buffers):
+        data = None if buffer is None else buffer.to_bytes()
+        if data is None or len(data) != CHECKSUM_BYTES:
+            first, stop = _chunk_rows_range(arr, index)
+            state = "missing from the store" if data is None else "truncated"
+            raise StoreError(f"{fs.name} rows {first}-{stop - 1}: chunk {state} ({field}: "
+                             f"{_chunk_location(arr, index)}); restore that file or recreate the store")
+        checksums.append(data)
+    return checksums

@@ -1,0 +1,202 @@
+"""Creating, filling and appending to stores: a failure never leaves a partial store (new stores
+are removed, appends stay uncommitted) and an OSError is one StoreError line."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+
+import numpy as np
+import zarr
+from zarr.codecs import Crc32cCodec, ZstdCodec
+
+from ..choices import METRICS
+from ..errors import StoreError, one_line
+from .layout import (CHECKSUM_BYTES, COMMITTED_ATTR, DEFAULT_CHUNK_ROWS, FIELDS, ID_FILL, RECREATE, SCHEMA_VERSION, UID_ATTR,
+                     FeatureSet, Store, describe, is_local_path, open_store)
+from .values import check_batch, feature_dtype
+
+
+def refuse_existing(target, overwrite: bool) -> None:
+    """Never replace what is at a path unasked."""
+    if is_local_path(target) and os.path.lexists(target) and not overwrite:
+        raise StoreError(f"'{os.fspath(target)}' already exists; pass --overwrite (overwrite=True) to replace it")
+
+
+def _remove(path) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.remove(path)
+
+
+@contextlib.contextmanager
+def new_store(target, overwrite: bool):
+    """Around creating and filling a store at ``target`` (``create_store`` ... ``commit_gallery``).
+
+    With ``overwrite``, what is at ``target`` is deleted first (so the new store never needs the room
+    of both).  If anything fails while writing, the partial store is removed; an OSError (no space
+    left, read-only file system, permission denied) becomes a StoreError naming the path.
+    """
+    path = describe(target)
+    refuse_existing(target, overwrite)
+    replaced = is_local_path(target) and os.path.lexists(target)
+    if replaced:
+        try:
+            _remove(target)
+        except OSError as exc:
+            raise StoreError(f"cannot replace '{path}': {exc.strerror or exc} (it may be partly deleted)") from None
+    try:
+        yield
+    except BaseException as exc:
+        partial = is_local_path(target) and os.path.lexists(target)
+        if partial:
+            with contextlib.suppress(OSError):
+                _remove(target)
+        if isinstance(exc, OSError):
+            notes = ["the old store had been deleted first (--overwrite)"] if replaced else []
+            if partial:
+                notes.append("the partial store could not be removed" if os.path.lexists(target)
+                             else "the partial store was removed")
+            raise StoreError("; ".join([f"cannot write '{path}': {exc.strerror or exc}", *notes])) from None
+        raise
+
+
+def create_store(
+    target,
+    n_query: int,
+    n_gallery: int,
+    dim: int,
+    dtype: str = "float32",
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    default_metric: str = "euclidean",
+    overwrite: bool = False,
+) -> Store:
+    """Create an empty store of the given shape, to be filled with ``write_rows`` (inside
+    ``new_store``, which cleans up after a failure).
+
+    ``target`` is a path or a zarr store object.  Refuses to touch an existing path unless
+    ``overwrite`` is set.
+    """
+    dtype = feature_dtype(dtype)
+    if default_metric not in METRICS:
+        raise StoreError(f"default metric must be one of {', '.join(METRICS)}, got {default_metric!r}")
+    if min(n_query, n_gallery) <= 0 or dim <= 0:
+        raise StoreError(f"cannot create a store with {n_query} queries, {n_gallery} gallery rows, dim {dim}")
+    refuse_existing(target, overwrite)
+    group = zarr.open_group(target, mode="w")
+    group.attrs.update({"streameval_schema": SCHEMA_VERSION, "default_metric": default_metric, COMMITTED_ATTR: 0,
+                        UID_ATTR: uuid.uuid4().hex})
+    for name, rows in (("query", n_query), ("gallery", n_gallery)):
+        chunk = max(1, min(chunk_rows, rows))
+        group.create_array(f"{name}/features", shape=(rows, dim), dtype=dtype, chunks=(chunk, dim),
+                           compressors=[Crc32cCodec()], fill_value=np.nan)
+        for field in ("pids", "camids"):
+            group.create_array(f"{name}/{field}", shape=(rows,), dtype=np.int64, chunks=(chunk,),
+                               compressors=[ZstdCodec(level=0, checksum=False), Crc32cCodec()], fill_value=ID_FILL)
+    return open_store(target, mode="r+", _writing=True)
+
+
+def estimated_bytes(n_query: int, n_gallery: int, dim: int, dtype, chunk_rows: int, block: int = 4096) -> int:
+    """Disk space a store of this shape takes, at most: every chunk file written in full (the last one
+    padded), ids uncompressed, each file and feature chunk directory rounded up to a ``block``."""
+    def blocks(nbytes):
+        return -(-nbytes // block) * block
+
+    total = 16 * block  # zarr.json files and group directories
+    for rows in (n_query, n_gallery):
+        chunk = max(1, min(chunk_rows, rows))
+        per_chunk = (blocks(chunk * dim * np.dtype(dtype).itemsize + CHECKSUM_BYTES) + block
+                     + 2 * blocks(chunk * 8 + 64 + CHECKSUM_BYTES))
+        total += -(-rows // chunk) * per_chunk
+    return total
+
+
+def commit_gallery(target) -> Store:
+    """Mark every gallery row written, the last step of creating or appending to a store: readers
+    see only committed rows, so an interrupted write never reads as a longer gallery."""
+    group = zarr.open_group(target, mode="r+")
+    group.attrs[COMMITTED_ATTR] = group["gallery/features"].shape[0]
+    return open_store(target)
+
+
+def write_rows(fs: FeatureSet, start: int, features, pids, camids) -> None:
+    """Write a batch of rows at ``start``, checked first (``check_batch``) and cast to the store dtype."""
+    columns = check_batch(features, pids, camids, fs.name, fs.dim, fs.features.dtype, start)
+    for field, values in zip(FIELDS, columns):
+        arr = getattr(fs, field)
+        try:
+            arr[start:start + len(values)] = values
+        except OSError:
+            raise  # no space, read-only...: reported with the store's path by new_store / append_batches
+        except Exception as exc:  # a partial chunk is read back to be merged: it may be damaged
+            raise StoreError(f"{fs.name} rows {start}-{start + len(values) - 1}: cannot update the {field} chunks "
+                             f"of '{arr.store_path}' ({one_line(exc)}); the store is damaged: {RECREATE}") from None
+
+
+def write_store(
+    target,
+    query_features,
+    query_pids,
+    query_camids,
+    gallery_features,
+    gallery_pids,
+    gallery_camids,
+    dtype: str | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    default_metric: str = "euclidean",
+    overwrite: bool = False,
+) -> Store:
+    """Write in-memory arrays as a new store (validated before anything touches the disk)."""
+    if dtype is None:
+        dtype = "float16" if np.asarray(query_features).dtype == np.float16 else "float32"
+    dtype = feature_dtype(dtype)
+    q = check_batch(query_features, query_pids, query_camids, "query", dtype=dtype)
+    g = check_batch(gallery_features, gallery_pids, gallery_camids, "gallery", dtype=dtype)
+    if q[0].shape[1] != g[0].shape[1]:
+        raise StoreError(
+            f"query features have dimension {q[0].shape[1]} but gallery features have {g[0].shape[1]}"
+        )
+    with new_store(target, overwrite):
+        store = create_store(target, len(q[1]), len(g[1]), q[0].shape[1], dtype, chunk_rows, default_metric)
+        for fs, rows in ((store.query, q), (store.gallery, g)):
+            for start in range(0, len(rows[1]), fs.chunk_rows):
+                stop = start + fs.chunk_rows
+                write_rows(fs, start, rows[0][start:stop], rows[1][start:stop], rows[2][start:stop])
+        return commit_gallery(target)
+
+
+def append_gallery(target, features, pids, camids) -> Store:
+    """Append rows to the gallery of an existing store and return the reopened store (see
+    ``append_batches``)."""
+    fs = open_store(target).gallery
+    features, pids, camids = check_batch(features, pids, camids, "appended gallery", fs.dim, fs.features.dtype)
+    step = fs.chunk_rows
+    batches = ((first, features[first:first + step], pids[first:first + step], camids[first:first + step])
+               for first in range(0, features.shape[0], step))
+    return append_batches(target, features.shape[0], batches)
+
+
+def append_batches(target, n_rows: int, batches) -> Store:
+    """Append ``n_rows`` gallery rows given as ``(offset, features, pids, camids)`` batches.
+
+    Data first, the committed row count last: interrupted anywhere, the store still reads as it was
+    (a half-written tail past the committed rows is ignored, and dropped by the next append).  An
+    OSError (no space left...) becomes a StoreError saying so, after dropping the tail written so far.
+    """
+    fs = open_store(target, mode="r+").gallery
+    start = len(fs)
+    try:
+        for arr in (fs.features, fs.pids, fs.camids):
+            arr.resize((start + n_rows,) + arr.shape[1:])
+        for offset, features, pids, camids in batches:
+            write_rows(fs, start + offset, features, pids, camids)
+        return commit_gallery(target)
+    except OSError as exc:
+        with contextlib.suppress(Exception):  # free the space the uncommitted rows took, if the disk lets us
+            for arr in (fs.features, fs.pids, fs.camids):
+                arr.resize((start,) + arr.shape[1:])
+        raise StoreError(f"cannot write '{describe(target)}': {exc.strerror or exc}; the store is unchanged "
+                         f"(none of the {n_rows:,} rows were appended; it still has {start:,} gallery rows)") from None
