@@ -258,8 +258,7 @@ def score_block(dots, qf, gf, qa, ga, qn, gn, metric, c_dot, c_bins, q_pid, g_pi
                 neg_hist[i, bins[j]] += (g_pid[j] != qp) & (g_junk[j] == 0)
             if clipped.shape[1]:
                 _count_clipped(dist, qp, g_pid, g_junk, lo, span, clipped[i])
-                reach = distance_window(0.0, qni, gn_max, metric, c_dot)  # no window is wider
-                _settle_extremes(dist, qf, gf, i, qai, ga, metric, reach, pair_range[i])
+                _settle_extremes(dist, qf, gf, i, qai, ga, qni, gn_max, metric, c_dot, pair_range[i])
         lo_pos = pos_off[i]
         hi_pos = pos_off[i + 1]
         if hi_pos == lo_pos:
@@ -327,14 +326,20 @@ def _count_clipped(dist, qp, g_pid, g_junk, lo, span, clipped):
 
 
 @_inline
-def _settle_extremes(dist, qf, gf, i, qai, ga, metric, reach, extremes):
+def _settle_extremes(dist, qf, gf, i, qai, ga, qni, gn_max, metric, c_dot, extremes):
     """Lower ``extremes[0]`` / raise ``extremes[1]`` to row i's canonical min / max distance.
 
-    The pair with the canonical minimum has a fast distance within ``reach`` of it, hence within
-    two of the fast minimum: those pairs are settled canonically, unless none of them can lower
-    ``extremes[0]`` (and the same for the maximum).  Exact, in any chunk order.
+    The pair with the canonical minimum has a fast distance within its window of it, hence within
+    two windows of the fast minimum: those pairs are settled canonically, unless none of them can
+    lower ``extremes[0]`` (and the same for the maximum).  Exact, in any chunk order.
+
+    ``reach`` bounds every window involved: a window shrinks as the fast distance grows (but for
+    its 4u d term, bounded at the row's maximum), so the one at the row's fast minimum, with the
+    largest gallery norm, is the widest.  (The window at distance 0, the bound for any row, is
+    orders of magnitude wider in high dimension and made nearly every chunk settle many pairs.)
     """
     low, high = _extremes(dist)
+    reach = distance_window(low, qni, gn_max, metric, c_dot) + 4.0 * U64 * high
     if low - reach < extremes[0]:
         for j in range(dist.shape[0]):
             if dist[j] <= low + 2.0 * reach:
