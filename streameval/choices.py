@@ -11,3 +11,4 @@ MAX_RANK_LIMIT = 100_000
 GOM_BINS_LIMIT = 100_000
 INT64_MAX = (1 << 63) - 1
 INT64_MIN = -(1 << 63)  # reserved: the fill value that marks a missing id chunk in a store
+RESULT_SCHEMA = 1  # of the result JSON: raised when a key changes meaning; readers refuse schemas they do not know

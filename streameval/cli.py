@@ -1,4 +1,4 @@
-"""Command line: ``streameval eval | update | append | synth | convert | validate | plot``.
+"""Command line: ``streameval eval | update | append | synth | convert | validate | plot | aggregate``.
 
 Errors in the input end as one line on stderr and a non-zero exit code (2: bad option,
 3: bad store or data, 4: cluster), never as a traceback.  Every output path is checked before any
@@ -9,6 +9,7 @@ so ``--help`` answers at once.
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import click
@@ -22,7 +23,21 @@ EXIT_INTERRUPTED = 130  # the shell's convention for Ctrl-C
 
 
 class _Group(click.Group):
-    """Turns StreamevalError into a clean message and its exit code."""
+    """Every failure as one ``error:`` line and its exit code: StreamevalError, Ctrl-C, the file
+    system, and click's own usage errors (which it would print as a usage block)."""
+
+    def main(self, args=None, prog_name=None, **extra):
+        extra.pop("standalone_mode", None)
+        try:
+            code = super().main(args, prog_name, standalone_mode=False, **extra)
+        except click.ClickException as exc:
+            command = f" (see '{exc.ctx.command_path} --help')" if getattr(exc, "ctx", None) else ""
+            click.echo(f"error: {exc.format_message()}{command}", err=True)
+            code = exc.exit_code
+        except click.Abort:  # Ctrl-C at a confirmation prompt
+            click.echo("error: interrupted (Ctrl-C)", err=True)
+            code = EXIT_INTERRUPTED
+        sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx):
         try:
@@ -57,6 +72,8 @@ def main():
       streameval synth demo.zarr --queries 3368 --gallery 19732 --dim 2048
       streameval eval demo.zarr --json result.json
       streameval plot result.json result.png
+
+    Metric definitions and options explained: docs/metrics.md and docs/options.md in the repository.
     """
 
 
@@ -357,6 +374,41 @@ def validate(store):
     validate_values(opened)
     click.echo(store_summary(opened))
     click.echo("ok: structure and values are valid")
+
+
+@main.command("aggregate")
+@click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--label", "labels", multiple=True,
+              help="Name of a run in the table and the JSON, once per RUN, in order. Default: the file names without .json.")
+@click.option("--json", "json_path", type=click.Path(), required=True,
+              help="Write the aggregate (the result JSON schema plus 'aggregate') to this file ('-' for stdout).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --json file.")
+def aggregate_cmd(runs, labels, json_path, overwrite):
+    """Combine the results of separate evaluations (one per split, e.g. RegDB's 10) into the mean,
+    std (ddof 1), sem, min, max and count of every metric and curve point, each run counting once.
+
+    Every option that decides the numbers (metric, protocol, max rank, junk pids, precision, GOM
+    settings, ...) must match; the stores, their sizes and the execution may differ.
+    """
+    outputs.check_file(json_path, overwrite, "--json file")
+    from .aggregate import aggregate, check_compatible, load_runs, summary
+
+    loaded = load_runs(runs, labels)
+    for warning in check_compatible(loaded):
+        click.echo(f"warning: {warning}", err=True)
+    out = aggregate(loaded)
+    text = json.dumps(out, indent=2) + "\n"
+    failure = None
+    if json_path == "-":
+        click.echo(text, nl=False)
+    else:
+        try:
+            outputs.write_text(json_path, text, "aggregate")
+        except outputs.OutputError as exc:  # the table is still printed; the error names the fallback file
+            failure = exc
+    click.echo(summary(out), err=json_path == "-")
+    if failure is not None:
+        raise failure
 
 
 if __name__ == "__main__":

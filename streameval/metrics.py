@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import kernels
+from . import __version__, kernels
+from .choices import RESULT_SCHEMA
 
 PER_QUERY_FIELDS = ("ap", "ap_trapezoid", "inp", "first_hit_rank", "n_positives")
 
@@ -66,6 +67,8 @@ class Result:
     def to_dict(self, per_query: bool = False) -> dict:
         """JSON-ready dict with the keys of METRICS.md section 5 (plus options and run facts)."""
         out = {
+            "result_schema": RESULT_SCHEMA,
+            "streameval_version": __version__,
             "n_queries": self.n_queries,
             "n_valid_queries": self.n_valid_queries,
             "n_open_queries": self.n_open_queries,
