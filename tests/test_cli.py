@@ -167,6 +167,7 @@ def test_bad_options_exit_2_without_traceback(store_path, tmp_path, args, messag
     assert result.exit_code == 2, (result.exit_code, result.output)
     assert isinstance(result.exception, SystemExit)
     assert message in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: "), result.stderr  # one line
     assert "Traceback" not in result.output
     assert not (tmp_path / "x.zarr").exists()
 
