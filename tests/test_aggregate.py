@@ -10,12 +10,12 @@ import math
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 import streameval
 from streameval.aggregate import COUNTS, GOM_CURVES, GOM_SCALARS, SCALARS
-from streameval.cli import main
 from streameval.synth import synthesize
+
+from cli_checks import cli, one_error_line
 
 SMALL = dict(n_query=20, n_gallery=160, dim=8, n_ids=8, n_cams=3, junk_frac=0.1)
 FAST = dict(max_rank=10, gom_bins=20)
@@ -47,19 +47,6 @@ def write(folder, name, result) -> str:
 
 def write_all(folder, results, names=("split1", "split2", "split3")) -> list[str]:
     return [write(folder, name, result) for name, result in zip(names, results)]
-
-
-def cli(*args, code=0):
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    assert result.exit_code == code, (result.exit_code, result.output, result.exception)
-    return result
-
-
-def one_error_line(result) -> str:
-    assert "Traceback" not in result.output
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, result.stderr
-    return errors[0]
 
 
 def aggregate(tmp_path, *files, code=0):

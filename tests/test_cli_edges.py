@@ -12,11 +12,11 @@ import time
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 import streameval
-from streameval.cli import main
 from streameval.synth import synthesize
+
+from cli_checks import cli, one_error_line
 
 SMALL = dict(n_query=30, n_gallery=300, dim=8, n_ids=10, n_cams=3, junk_frac=0.1, open_query_frac=0.1, seed=3)
 
@@ -26,20 +26,6 @@ def store(tmp_path_factory):
     path = tmp_path_factory.mktemp("edges") / "s.zarr"
     synthesize(path, **SMALL)
     return str(path)
-
-
-def cli(*args, code=0):
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    assert result.exit_code == code, (result.exit_code, result.output, result.exception)
-    return result
-
-
-def one_error_line(result) -> str:
-    """The single ``error:`` line of a refused command (progress lines aside); no traceback."""
-    assert "Traceback" not in result.output
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, result.stderr
-    return errors[0]
 
 
 # ------------------------------------------------------------------------------ outputs checked first
