@@ -198,20 +198,27 @@ def _finish(result, label, json_path, per_query, quiet) -> None:
     failure = None
     if json_path:
         started = time.perf_counter()
-        text = json.dumps(result.to_dict(per_query=per_query), indent=2) + "\n"
-        if json_path == "-":
-            click.echo(text, nl=False)
-        else:
-            try:
-                outputs.write_text(json_path, text)
-            except outputs.OutputError as exc:
-                failure = exc
-        report.add_phase(result, "writing JSON", time.perf_counter() - started)
+        failure = _write_json(result.to_dict(per_query=per_query), json_path, "result")
+        result.add_phase("writing JSON", time.perf_counter() - started)
     if not quiet:
         # with JSON on stdout, the table goes to stderr so the JSON stays parseable
         click.echo(report.summary(result, label), err=json_path == "-")
     if failure is not None:
         raise failure
+
+
+def _write_json(data: dict, json_path: str, what: str):
+    """``data`` as JSON to ``json_path`` ('-': standard output).  Returns the OutputError naming the
+    fallback file when it could not be written there (the caller still prints its summary first)."""
+    text = json.dumps(data, indent=2) + "\n"
+    if json_path == "-":
+        click.echo(text, nl=False)
+        return None
+    try:
+        outputs.write_text(json_path, text, what)
+    except outputs.OutputError as exc:
+        return exc
+    return None
 
 
 @main.command("eval")
@@ -397,15 +404,7 @@ def aggregate_cmd(runs, labels, json_path, overwrite):
     for warning in check_compatible(loaded):
         click.echo(f"warning: {warning}", err=True)
     out = aggregate(loaded)
-    text = json.dumps(out, indent=2) + "\n"
-    failure = None
-    if json_path == "-":
-        click.echo(text, nl=False)
-    else:
-        try:
-            outputs.write_text(json_path, text, "aggregate")
-        except outputs.OutputError as exc:  # the table is still printed; the error names the fallback file
-            failure = exc
+    failure = _write_json(out, json_path, "aggregate")
     click.echo(summary(out), err=json_path == "-")
     if failure is not None:
         raise failure

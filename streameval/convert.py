@@ -31,7 +31,7 @@ from numpy.lib import format as npy_format
 from . import plan
 from .errors import OptionError, StoreError
 from .evaluate import ARRAY_NAMES, pick_array
-from .store import (FEATURE_DTYPES, METRICS, Store, append_batches, check_batch, commit_gallery, create_store,
+from .store import (Store, append_batches, check_batch, check_metric, commit_gallery, create_store, feature_dtype,
                     new_store, open_store, refuse_existing, write_rows)
 
 _READ_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError)
@@ -177,15 +177,9 @@ def convert_npz(
     finite; refuses to replace an existing ``out`` unless ``overwrite``.
     """
     src = os.fspath(input_npz)
-    if default_metric not in METRICS:
-        raise OptionError(f"default metric must be one of {', '.join(METRICS)}, got {default_metric!r}")
+    check_metric(default_metric)
     if dtype is not None:
-        try:
-            dtype = np.dtype(dtype)
-        except TypeError:
-            dtype = None
-        if dtype not in FEATURE_DTYPES:
-            raise OptionError("dtype must be float16 or float32")
+        dtype = feature_dtype(dtype)
     if chunk_rows is not None and chunk_rows < 1:
         raise OptionError(f"chunk_rows must be a positive integer, got {chunk_rows!r}")
     if not os.path.isfile(src):

@@ -17,7 +17,7 @@ import dask
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from . import graph, kernels, metrics, report
+from . import graph, kernels, metrics
 from .choices import MAX_RANK_LIMIT, PRECISIONS
 from .cluster import CONNECT_TIMEOUT_S, ClusterOptions, connect
 from .errors import OptionError
@@ -298,7 +298,7 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner: Run
         run={
             "query_block": runner.plan.query_block, "gallery_chunk": runner.plan.gallery_chunk,
             "workers": runner.plan.workers, "scheduler": runner.where, "bytes_read": bytes_read,
-            **report.timing(dict(runner.phases.seconds), pairs), **run_facts,
+            **metrics.run_timing(dict(runner.phases.seconds), pairs), **run_facts,
         },
     )
 

@@ -60,6 +60,13 @@ class Result:
             head += f", MREP {_short(self.gom.get('MREP'))}, MFR {_short(self.gom.get('MFR'))}"
         return head + ")"
 
+    def add_phase(self, name: str, seconds: float) -> None:
+        """Count ``seconds`` more of the run (e.g. writing its JSON) as phase ``name`` of ``run``, so
+        the elapsed time and the summary's total include it."""
+        phases = dict(self.run["phases"])
+        phases[name] = phases.get(name, 0.0) + seconds
+        self.run.update(run_timing(phases, self.run["pairs"]))
+
     def _rank_or_none(self, k: int) -> float | None:
         """CMC@k, or None past the computed curve (the JSON's fixed rank keys)."""
         return self.rank(k) if k <= self.max_rank else None
@@ -90,6 +97,13 @@ class Result:
         if per_query:
             out["per_query"] = {name: _json_list(self.per_query[name]) for name in PER_QUERY_FIELDS}
         return out
+
+
+def run_timing(phases: dict, pairs: int) -> dict:
+    """A run's time facts: its ``phases`` (name -> seconds), their sum ``elapsed_s``, and ``pairs``
+    scored per second of it."""
+    elapsed = sum(phases.values())
+    return {"phases": phases, "elapsed_s": elapsed, "pairs": pairs, "pairs_per_s": pairs / elapsed}
 
 
 def _short(value) -> str:

@@ -85,8 +85,13 @@ class Phases:
         """End phase ``name`` now (adding to it if it ran before); ``carved``: {phase: seconds} of it
         to book under other names.  Returns the time."""
         now = self.clock()
+        lap = now - self.mark
+        # never more carved out than the lap lasted (numba's compile timer also hears other threads)
         carved = carved or {}
-        for phase, seconds in {name: now - self.mark - sum(carved.values()), **carved}.items():
+        total = sum(carved.values())
+        if total > lap:
+            carved = {phase: seconds * lap / total for phase, seconds in carved.items()}
+        for phase, seconds in {name: lap - sum(carved.values()), **carved}.items():
             self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
         self.mark = now
         return now

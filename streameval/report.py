@@ -52,21 +52,6 @@ def phases_line(phases: dict) -> str:
     return f"  {sum(hundredths) / 100:.2f} s = {parts}"
 
 
-def timing(phases: dict, pairs: int) -> dict:
-    """A run's time facts: its ``phases`` (name -> seconds), their sum ``elapsed_s``, and ``pairs``
-    scored per second of it."""
-    elapsed = sum(phases.values())
-    return {"phases": phases, "elapsed_s": elapsed, "pairs": pairs, "pairs_per_s": pairs / elapsed}
-
-
-def add_phase(result: Result, name: str, seconds: float) -> None:
-    """Count ``seconds`` more of the run (e.g. writing its JSON) as phase ``name`` of ``result.run``,
-    so the summary's total includes it."""
-    phases = dict(result.run["phases"])
-    phases[name] = phases.get(name, 0.0) + seconds
-    result.run.update(timing(phases, result.run["pairs"]))
-
-
 def _update_line(update: dict, n_queries: int) -> str:
     """What an incremental update scored, and why it re-scored old rows."""
     if update["rows_added"] == 0:

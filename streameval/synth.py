@@ -89,13 +89,7 @@ def _check_args(n_query, n_gallery, dim, n_ids, n_cams, junk_frac, distractor_fr
             raise OptionError(f"{name} must be in [0, 1], got {value!r}")
     if junk_frac + distractor_frac > 1.0:
         raise OptionError(f"junk_frac + distractor_frac must be at most 1, got {junk_frac} + {distractor_frac}")
-    try:
-        dtype = np.dtype(dtype)
-    except TypeError:
-        dtype = None
-    if dtype not in store_mod.FEATURE_DTYPES:
-        raise OptionError(f"dtype must be float16 or float32, got {dtype!r}")
-    return dtype
+    return store_mod.feature_dtype(dtype)
 
 
 def _identity_centres(out: np.ndarray, rng: np.random.Generator) -> None:

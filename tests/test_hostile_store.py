@@ -24,7 +24,7 @@ from streameval import convert as convert_mod
 from streameval import synth as synth_mod
 from streameval.cli import main
 from streameval.convert import convert_npz
-from streameval.store import COMMITTED_ATTR, ID_FILL, read_rows, rows_fingerprint
+from streameval.store import COMMITTED_ATTR, ID_FILL, read_rows, reading, rows_fingerprint
 
 from test_store import DIM, make_data, write
 
@@ -285,6 +285,26 @@ def test_rows_fingerprint_reads_one_checksum_per_whole_chunk(tmp_path, monkeypat
     requests.clear()
     rows_fingerprint(fs, 1984)  # whole chunks only: no chunk is read in full
     assert all(r[1] is not None for r in requests if "/c/" in r[0])
+
+
+def test_rows_fingerprint_is_the_same_whatever_the_checksum_window(tmp_path, monkeypatch):
+    """Checksums are fetched a window of chunks at a time (memory flat for any gallery)."""
+    path = store(tmp_path)
+    fs = open_store(path).gallery
+    whole = rows_fingerprint(fs, 72)
+    monkeypatch.setattr(reading, "CHECKSUM_WINDOW", 2)
+    assert rows_fingerprint(fs, 72) == whole
+    chunk_file(path, "gallery/pids", 3).unlink()  # found in a later window too
+    with pytest.raises(StoreError, match=r"gallery rows 48-63: chunk missing from the store \(pids"):
+        rows_fingerprint(fs, 72)
+
+
+def test_reads_past_the_committed_rows_are_refused(tmp_path):
+    """Rows past the committed count belong to an unfinished append: never read as data."""
+    fs = open_store(store(tmp_path)).gallery
+    for rows in (slice(0, len(fs) + 1), np.array([0, len(fs)])):
+        with pytest.raises(StoreError, match=f"past the {len(fs):,} committed rows"):
+            read_rows(fs, rows, np.float32)
 
 
 def test_rows_fingerprint_refuses_a_missing_chunk(tmp_path):

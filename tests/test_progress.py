@@ -94,7 +94,7 @@ def test_phases_add_up_to_the_elapsed_time_and_the_summary_says_so(store_path, t
     assert result.run["elapsed_s"] == sum(phases.values()) and all(s >= 0 for s in phases.values())
     bar_seconds = re.search(r" in (\d+\.\d\d) s$", out.getvalue().splitlines()[-1]).group(1)
 
-    report.add_phase(result, "writing JSON", 0.25)
+    result.add_phase("writing JSON", 0.25)
     assert result.run["elapsed_s"] == pytest.approx(sum(phases.values()) + 0.25)
     assert result.run["pairs_per_s"] == result.run["pairs"] / result.run["elapsed_s"]
     line = report.summary(result).splitlines()[-1]

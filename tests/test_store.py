@@ -20,7 +20,7 @@ import zarr
 from click.testing import CliRunner
 
 import streameval
-from streameval import StoreError, append_gallery, evaluate, open_store, validate_values, write_store
+from streameval import OptionError, StoreError, append_gallery, evaluate, open_store, validate_values, write_store
 from streameval.cli import main
 
 DIM = 8
@@ -264,8 +264,6 @@ WRITE_ERRORS = {
         {**make_data(), "query_features": np.zeros((0, DIM), np.float32), "query_pids": np.zeros(0, np.int64),
          "query_camids": np.zeros(0, np.int64)}, {}, r"query set is empty"),
     "1-D features": (_with("gallery_features", lambda x: x[:, 0]), {}, r"must be 2-D"),
-    "float64 store dtype": ({**make_data()}, {"dtype": "float64"}, r"float16 or float32"),
-    "unknown default metric": ({**make_data()}, {"default_metric": "hamming"}, r"default metric must be one of"),
 }
 
 
@@ -274,6 +272,15 @@ def test_write_store_refuses_bad_input_without_touching_disk(tmp_path, case):
     data, kwargs, message = WRITE_ERRORS[case]
     with pytest.raises(StoreError, match=message):
         write(tmp_path / "s.zarr", data, **kwargs)
+    assert not (tmp_path / "s.zarr").exists()
+
+
+@pytest.mark.parametrize("kwargs, message", [({"dtype": "float64"}, r"dtype must be float16 or float32"),
+                                             ({"default_metric": "hamming"}, r"default metric must be one of")])
+def test_write_store_refuses_bad_options_without_touching_disk(tmp_path, kwargs, message):
+    """An unsupported dtype or metric is an option error (exit 2), as in synth and convert."""
+    with pytest.raises(OptionError, match=message):
+        write(tmp_path / "s.zarr", make_data(), **kwargs)
     assert not (tmp_path / "s.zarr").exists()
 
 

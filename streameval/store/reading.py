@@ -88,6 +88,9 @@ def read_field(fs: FeatureSet, field: str, rows) -> np.ndarray:
     (checksum mismatch, truncated, unreadable file) or is missing (read as the fill value), and a
     non-finite feature, raise StoreError naming the set, the rows and the chunk file."""
     arr = getattr(fs, field)
+    last = _last_row(rows, len(fs))
+    if last >= len(fs):  # rows past the committed count belong to an unfinished append
+        raise StoreError(f"{fs.name} row {last} is past the {len(fs):,} committed rows")
     try:
         values = arr.oindex[(rows,) + (slice(None),) * (arr.ndim - 1)]
     except Exception as exc:  # zarr, its codecs and the store raise many types for a damaged chunk
@@ -96,6 +99,13 @@ def read_field(fs: FeatureSet, field: str, rows) -> np.ndarray:
     if filled.any():
         raise _filled(fs, field, row_number(rows, int(np.flatnonzero(filled)[0])))
     return values
+
+
+def _last_row(rows, n_rows: int) -> int:
+    """The highest row number a selection (a slice or an array of rows) reads; -1 for none."""
+    if isinstance(rows, slice):
+        return (n_rows if rows.stop is None else rows.stop) - 1
+    return int(np.max(rows, initial=-1))
 
 
 def read_rows(fs: FeatureSet, rows, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -149,27 +159,31 @@ def rows_fingerprint(fs: FeatureSet, rows: int) -> str:
     return digest.hexdigest()
 
 
-def _stored_checksums(fs: FeatureSet, field: str, n_chunks: int) -> list[bytes]:
-    """The crc32c of the first ``n_chunks`` chunks of one array, read as the last bytes of each file."""
+CHECKSUM_WINDOW = 1024  # chunks whose checksums are fetched at once: memory stays flat for any gallery
+
+
+def _stored_checksums(fs: FeatureSet, field: str, n_chunks: int):
+    """The crc32c of the first ``n_chunks`` chunks of one array, read as the last bytes of each file,
+    in order; fetched CHECKSUM_WINDOW chunks at a time (concurrently within a window)."""
     arr = getattr(fs, field)
     prototype = default_buffer_prototype()
+    limit = zarr.config.get("async.concurrency")
 
     async def last_bytes(index):
         return await (arr.store_path / _chunk_key(arr, index)).get(prototype, SuffixByteRequest(CHECKSUM_BYTES))
 
-    try:
-        limit = zarr.config.get("async.concurrency")
-        buffers = sync(concurrent_map([(i,) for i in range(n_chunks)], last_bytes, limit))
-    except Exception as exc:  # an unreadable file, a store error
-        raise StoreError(f"cannot read the chunk checksums of {fs.name} {field} in '{arr.store_path}' "
-                         f"({one_line(exc)})") from None
-    checksums = []
-    for index, buffer in enumerate(buffers):
-        data = None if buffer is None else buffer.to_bytes()
-        if data is None or len(data) != CHECKSUM_BYTES:
-            first, stop = _chunk_rows_range(arr, index)
-            state = "missing from the store" if data is None else "truncated"
-            raise StoreError(f"{fs.name} rows {first}-{stop - 1}: chunk {state} ({field}: "
-                             f"{_chunk_location(arr, index)}); restore that file or recreate the store")
-        checksums.append(data)
-    return checksums
+    for first in range(0, n_chunks, CHECKSUM_WINDOW):
+        indices = range(first, min(first + CHECKSUM_WINDOW, n_chunks))
+        try:
+            buffers = sync(concurrent_map([(i,) for i in indices], last_bytes, limit))
+        except Exception as exc:  # an unreadable file, a store error
+            raise StoreError(f"cannot read the chunk checksums of {fs.name} {field} in '{arr.store_path}' "
+                             f"({one_line(exc)})") from None
+        for index, buffer in zip(indices, buffers):
+            data = None if buffer is None else buffer.to_bytes()
+            if data is None or len(data) != CHECKSUM_BYTES:
+                first_row, stop = _chunk_rows_range(arr, index)
+                state = "missing from the store" if data is None else "truncated"
+                raise StoreError(f"{fs.name} rows {first_row}-{stop - 1}: chunk {state} ({field}: "
+                                 f"{_chunk_location(arr, index)}); restore that file or recreate the store")
+            yield data

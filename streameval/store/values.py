@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..choices import INT64_MAX
-from ..errors import StoreError
+from ..choices import INT64_MAX, METRICS
+from ..errors import OptionError, StoreError
 from .layout import FEATURE_DTYPES, ID_FILL
 
 
@@ -93,10 +93,17 @@ def row_number(rows, i: int) -> int:
 
 
 def feature_dtype(dtype) -> np.dtype:
+    """A stored feature dtype named by the user (an option: OptionError otherwise)."""
     try:
         dtype = np.dtype(dtype)
     except TypeError:
         dtype = None
     if dtype not in FEATURE_DTYPES:
-        raise StoreError(f"feature dtype must be float16 or float32, got {dtype}")
+        raise OptionError(f"dtype must be float16 or float32, got {dtype}")
     return dtype
+
+
+def check_metric(name) -> None:
+    """A store's default metric named by the user (an option: OptionError otherwise)."""
+    if name not in METRICS:
+        raise OptionError(f"default metric must be one of {', '.join(METRICS)}, got {name!r}")

@@ -12,11 +12,10 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
-from ..choices import METRICS
 from ..errors import StoreError, one_line
 from .layout import (CHECKSUM_BYTES, COMMITTED_ATTR, DEFAULT_CHUNK_ROWS, FIELDS, ID_FILL, RECREATE, SCHEMA_VERSION, UID_ATTR,
                      FeatureSet, Store, describe, is_local_path, open_store)
-from .values import check_batch, feature_dtype
+from .values import check_batch, check_metric, feature_dtype
 
 
 def refuse_existing(target, overwrite: bool) -> None:
@@ -81,8 +80,7 @@ def create_store(
     ``overwrite`` is set.
     """
     dtype = feature_dtype(dtype)
-    if default_metric not in METRICS:
-        raise StoreError(f"default metric must be one of {', '.join(METRICS)}, got {default_metric!r}")
+    check_metric(default_metric)
     if min(n_query, n_gallery) <= 0 or dim <= 0:
         raise StoreError(f"cannot create a store with {n_query} queries, {n_gallery} gallery rows, dim {dim}")
     refuse_existing(target, overwrite)
