@@ -1,0 +1,65 @@
+"""User-defined protocols (PROTOCOLS.md section 1.9): a .toml or .json file with the fields of a
+protocol record.  Missing fields take ``market``'s values, a missing name the file's stem; a relative
+``official`` trial table is found beside the file.  Every problem is one OptionError naming the file
+and the key (or the parser's line)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+from ..errors import OptionError
+from .record import Protocol
+
+SUFFIXES = (".toml", ".json")
+
+
+def is_protocol_file(spec) -> bool:
+    return Path(spec).suffix.lower() in SUFFIXES
+
+
+def load(path) -> Protocol:
+    path = Path(path)
+    fields = _parse(path, _read(path))
+    if not isinstance(fields, dict):
+        raise OptionError(f"protocol file '{path}': the top level must be a table of fields, got {fields!r}")
+    try:
+        protocol = Protocol.from_record({"name": path.stem, **fields})
+    except OptionError as exc:
+        raise OptionError(f"protocol file '{path}': {exc}") from None
+    return _table_beside(protocol, path.parent)
+
+
+def _read(path: Path) -> bytes:
+    if not is_protocol_file(path):
+        raise OptionError(f"protocol file '{path}' must end in {' or '.join(SUFFIXES)}")
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise OptionError(f"protocol file '{path}' does not exist") from None
+    except OSError as exc:
+        raise OptionError(f"cannot read protocol file '{path}': {exc.strerror or exc}") from None
+
+
+def _parse(path: Path, data: bytes):
+    try:
+        if path.suffix.lower() == ".toml":
+            return tomllib.loads(data.decode("utf-8"))  # its messages end "(at line L, column C)"
+        return json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise OptionError(f"protocol file '{path}': {exc.msg} (at line {exc.lineno}, column {exc.colno})") from None
+    except UnicodeDecodeError:
+        raise OptionError(f"protocol file '{path}' is not UTF-8 text") from None
+    except (ValueError, RecursionError) as exc:  # tomllib.TOMLDecodeError is a ValueError; absurd nesting
+        raise OptionError(f"protocol file '{path}': {exc}") from None
+
+
+def _table_beside(protocol: Protocol, folder: Path) -> Protocol:
+    """A relative official trial table is the file's neighbour, wherever streameval runs."""
+    trials = protocol.trials
+    if trials is None or trials.path is None or os.path.isabs(trials.path):
+        return protocol
+    return replace(protocol, trials=replace(trials, path=os.path.abspath(folder / trials.path)))
