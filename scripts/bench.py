@@ -33,6 +33,25 @@ These methods are timed side by side on the same synthetic store (``streameval.s
               classic, and the speed-up over the classic process.  Also a start-up line (once):
               ``streameval --help`` and ``python -c "import streameval"``.
 
+``--protocols`` is a separate mode (issue 11): the protocol machinery, at Market-1501 size by default,
+each method without GOM so that only the protocol differs.  ``T`` = ``--trials`` (default 10):
+
+  se-market       ``streameval.evaluate(store, no_gom=True)``: the market protocol, one pass.
+  se-cuhk03       the same with ``protocol="cuhk03-sgs", sgs_repeats=T`` (sampled single gallery shot).
+  se-sysu         the same with the SYSU-like protocol: ``protocols.resolve("market", trials=T,
+                  cmc="identity-dedup")`` (T seeded gallery trials of one row per (pid, camera), market's
+                  same-identity same-camera rule) plus SYSU's any-identity rule x_any = {(3, 2)}: query
+                  camera 3 never sees gallery camera 2.  (The store's cameras are 0..5, not SYSU's.)
+  classic-market  the classic evaluator above (``classic``).
+  classic-cuhk03  torchreid's Python ``eval_cuhk03``: full distance matrix, ``np.argsort``, then per
+                  query the kept list and, per repeat, one ``np.random.choice`` per kept identity and
+                  the CMC of the sampled list; AP on the full kept list.
+  classic-sysu    mangye16's ``eval_sysu``, per trial: the full matrix (computed once) masked to the
+                  trial's gallery (streameval's seeded draws, so the numbers can agree), ``np.argsort``
+                  of it, then per query the identity-deduplicated CMC, AP and INP.
+The classic Python loops stop after ``--classic-budget`` seconds and their time is then extrapolated
+linearly from the queries (or trials) done, which the table says.
+
 Each other method runs in a fresh child process (``bench.py --_run METHOD ...``), so its peak RSS is
 its own.  Their timings exclude process start, imports and JIT warm-up; the best of ``--repeat`` runs
 is kept (for ``process`` too).
@@ -49,6 +68,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 
 METHODS = ("streameval", "se-fixed", "se-closed", "floor", "update", "classic", "process")
 VARIANTS = ("streameval", "se-fixed", "se-closed")
@@ -60,6 +80,14 @@ SCALING_METHODS = "streameval,se-fixed,se-closed,floor"  # the classic evaluator
 KNOWN_IDS = {(3368, 19732, 2048): 750, (10000, 50000, 256): 2000}  # Market-1501's 750 test ids; ~5 queries/id
 AGREE_TOL = 1e-6
 PARAMS_SUFFIX = ".bench-params.json"
+# --protocols: table name -> child method (market's rows are the se-closed and classic methods above)
+PROTOCOL_METHODS = {"se-market": "se-closed", "se-cuhk03": "se-cuhk03", "se-sysu": "se-sysu",
+                    "classic-market": "classic", "classic-cuhk03": "classic-cuhk03", "classic-sysu": "classic-sysu"}
+PROTOCOL_CHILDREN = ("se-cuhk03", "se-sysu", "classic-cuhk03", "classic-sysu")
+PROTOCOL_SIZE = "3368x19732x2048"
+PROTOCOL_GOAL_COST = 1.5  # T trials or repeats cost at most this many market evaluations
+PROTOCOL_GOAL_SPEEDUP = 50  # and are at least this much faster than the classic CUHK03 loop
+MAX_RANK = 50  # torchreid's default, and evaluate's
 
 
 # --------------------------------------------------------------------------------------------------
@@ -78,6 +106,7 @@ def parse_args(argv=None):
             "  .venv/bin/python scripts/bench.py --size 2000x20000x512:400 --methods streameval,floor\n"
             "  .venv/bin/python scripts/bench.py --metric cosine --dtype float16 --json bench.json\n"
             "  .venv/bin/python scripts/bench.py --scaling           # 10,000 queries x 20k / 200k / 2M gallery\n"
+            "  .venv/bin/python scripts/bench.py --protocols         # market vs cuhk03-sgs vs SYSU-like trials\n"
             "\n"
             "Stores are created under --workdir, named after their parameters, and reused when a\n"
             "store with the same parameters is already there (a side file records them)."
@@ -98,8 +127,18 @@ def parse_args(argv=None):
     p.add_argument("--scaling", action="store_true",
                    help="millions-scale mode: sizes %s with methods %s, and a table of time, pairs/s and "
                         "peak RSS as the gallery grows 10x and 100x" % (", ".join(SCALING_SIZES), SCALING_METHODS))
+    p.add_argument("--protocols", action="store_true",
+                   help="protocol mode (issue 11): at size %s by default, methods %s: market, cuhk03-sgs with "
+                        "--trials repeats and a SYSU-like run of --trials trials, streameval vs the classic "
+                        "full-matrix implementations, and the cost ratios" % (PROTOCOL_SIZE, ",".join(PROTOCOL_METHODS)))
+    p.add_argument("--trials", type=int, default=10,
+                   help="--protocols: sgs repeats and SYSU-like trials (default: 10)")
+    p.add_argument("--classic-budget", type=float, default=600.0,
+                   help="--protocols: seconds a classic Python loop (classic-cuhk03, classic-sysu) may run; "
+                        "beyond it the loop stops and its time is extrapolated linearly (default: 600)")
     p.add_argument("--methods", default=None,
-                   help="comma-separated subset of %s (default: all)" % ",".join(METHODS))
+                   help="comma-separated subset of %s (default: all; with --protocols: of %s)"
+                        % (",".join(METHODS), ",".join(PROTOCOL_METHODS)))
     p.add_argument("--repeat", type=int, default=1, help="runs per method, best kept (default: 1)")
     p.add_argument("--seed", type=int, default=0, help="synthesis seed (default: 0)")
     p.add_argument("--junk-frac", type=float, default=0.0, help="gallery junk (pid -1) fraction (default: 0)")
@@ -118,19 +157,28 @@ def parse_args(argv=None):
                    help="where stores are created and reused (default: %(default)s)")
     p.add_argument("--json", metavar="OUT", default=None, help="also write the results as JSON to OUT")
     # internal: one method in a child process
-    p.add_argument("--_run", choices=[m for m in METHODS if m != "process"] + ["classic-process"],
+    p.add_argument("--_run", choices=[m for m in METHODS if m != "process"] + ["classic-process", *PROTOCOL_CHILDREN],
                    help=argparse.SUPPRESS)
     p.add_argument("--_store", help=argparse.SUPPRESS)
     p.add_argument("--_out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args._run is None:
+        known = PROTOCOL_METHODS if args.protocols else METHODS
+        if args.protocols:
+            if args.scaling:
+                p.error("--protocols and --scaling are separate modes: choose one")
+            args.size = args.size or [PROTOCOL_SIZE]
+            if not 1 <= args.trials <= 64:
+                p.error("--trials must be from 1 to 64")
+            if args.classic_budget <= 0:
+                p.error("--classic-budget must be positive")
         if args.scaling:
             args.size = args.size or list(SCALING_SIZES)
             args.methods = args.methods or SCALING_METHODS
-        args.methods = [m.strip() for m in (args.methods or ",".join(METHODS)).split(",") if m.strip()]
-        bad = [m for m in args.methods if m not in METHODS]
+        args.methods = [m.strip() for m in (args.methods or ",".join(known)).split(",") if m.strip()]
+        bad = [m for m in args.methods if m not in known]
         if bad or not args.methods:
-            p.error(f"--methods: unknown {', '.join(bad) or '(empty)'}; choose from {', '.join(METHODS)}")
+            p.error(f"--methods: unknown {', '.join(bad) or '(empty)'}; choose from {', '.join(known)}")
         try:
             args.sizes = [parse_size(s, args.ids) for s in (args.size or DEFAULT_SIZES)]
         except ValueError as exc:
@@ -264,8 +312,25 @@ class Combiner:
 # (a) streameval
 
 
-def _variant_options(variant: str, store_path: str, metric: str) -> dict:
-    """evaluate() options of a streameval variant; se-fixed's HI bounds every distance (from norms)."""
+def sysu_like_protocol(trials: int):
+    """The SYSU-like protocol of ``--protocols`` for a store whose cameras are not SYSU's: market with
+    ``trials`` seeded gallery trials of one row per (pid, camera), the identity-dedup CMC, and SYSU's
+    any-identity rule: query camera 3 never sees gallery camera 2 (PROTOCOLS.md 1.8.4)."""
+    from dataclasses import replace
+
+    from streameval import protocols
+
+    market = protocols.resolve("market", trials=trials, cmc="identity-dedup")
+    return replace(market, name="sysu-like", x_any=protocols.CameraRelation(pairs=((3, 2),)))
+
+
+def _variant_options(variant: str, store_path: str, metric: str, trials: int = 10) -> dict:
+    """evaluate() options of a streameval variant; se-fixed's HI bounds every distance (from norms).
+    The protocol variants (``--protocols``) run without GOM, like se-closed."""
+    if variant == "se-cuhk03":
+        return {"no_gom": True, "protocol": "cuhk03-sgs", "sgs_repeats": trials}
+    if variant == "se-sysu":
+        return {"no_gom": True, "protocol": sysu_like_protocol(trials)}
     if variant == "se-closed":
         return {"no_gom": True}
     if variant == "se-fixed":
@@ -280,8 +345,8 @@ def _variant_options(variant: str, store_path: str, metric: str) -> dict:
     return {}
 
 
-def warm_jit(metric: str) -> tuple[float, str]:
-    """Run streameval once on a tiny problem so numba's compile time is not timed."""
+def warm_jit(metric: str, options: dict | None = None) -> tuple[float, str]:
+    """Run streameval once on a tiny problem (with ``options``) so numba's compile time is not timed."""
     import numpy as np
 
     import streameval
@@ -294,7 +359,7 @@ def warm_jit(metric: str) -> tuple[float, str]:
         "q_camids": rng.integers(0, 3, nq), "gf": rng.standard_normal((ng, d), dtype=np.float32),
         "g_pids": rng.integers(1, 20, ng), "g_camids": rng.integers(0, 3, ng),
     }
-    streameval.evaluate(tiny, metric=metric)
+    streameval.evaluate(tiny, metric=metric, **(options or {}))
     warm = time.perf_counter() - t0
     return warm, f"numba JIT warmed on a {nq}x{ng}x{d} problem ({warm:.1f} s, not timed)"
 
@@ -302,8 +367,9 @@ def warm_jit(metric: str) -> tuple[float, str]:
 def run_streameval(args) -> dict:
     import streameval
 
-    warm, warm_note = warm_jit(args.metric)
-    options = _variant_options(args._run, args._store, args.metric)
+    options = _variant_options(args._run, args._store, args.metric, args.trials)
+    # the protocol variants compile their own statistics (sgs, dedup, trial masks): warm those
+    warm, warm_note = warm_jit(args.metric, options if args._run in PROTOCOL_CHILDREN else None)
 
     def once():
         res = streameval.evaluate(args._store, metric=args.metric, **options)
@@ -311,9 +377,16 @@ def run_streameval(args) -> dict:
 
     out = timed_runs(once, args.repeat)
     res = out.pop("result")
-    out["warmup"] = f"{warm_note}; options {options or 'default'}"
+    shown = {k: (v.name if k == "protocol" and not isinstance(v, str) else v) for k, v in options.items()}
+    out["warmup"] = f"{warm_note}; options {shown or 'default'}"
     out["warmup_s"] = warm
     out["metrics"] = _metrics(res.mAP, res.rank(1), res.mINP, res.n_valid_queries)
+    if args._run in PROTOCOL_CHILDREN:
+        out["metrics"]["rank10"] = res.rank(10)
+    if res.trials:
+        out["metrics"]["n_valid_queries"] = res.n_valid_queries  # a mean over the trials
+        out["metrics"]["per_trial"] = [dict(_metrics(t["mAP"], t["rank1"], t["mINP"], t["n_valid_queries"]),
+                                            rank10=t["rank10"]) for t in res.trials["per_trial"]]
     out["plan"] = {k: res.run[k] for k in ("query_block", "gallery_chunk", "workers")}
     return out
 
@@ -532,64 +605,31 @@ def run_classic_process(args) -> None:
 
 def classic_evaluation(args, kernel, combine):
     """One classic evaluation of the store, as a function returning (metrics, time breakdown)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     import numpy as np
 
     from streameval.store import open_store
 
     store = open_store(args._store)
     junk_pids = np.array([-1], dtype=np.int64)  # streameval's default junk_pids
-    threads = args.classic_sort_threads
-
-    def argsort_rows(distmat):
-        if threads == 1:
-            return np.argsort(distmat, axis=1)
-        indices = np.empty(distmat.shape, dtype=np.intp)
-        bounds = np.linspace(0, distmat.shape[0], threads + 1).astype(int)
-
-        def part(i):
-            indices[bounds[i]:bounds[i + 1]] = np.argsort(distmat[bounds[i]:bounds[i + 1]], axis=1)
-
-        with ThreadPoolExecutor(threads) as ex:
-            list(ex.map(part, range(threads)))
-        return indices
 
     def once():
         t = time.perf_counter()
-        qf = np.asarray(store.query.features[:], dtype=np.float32)
-        gf = np.asarray(store.gallery.features[:], dtype=np.float32)
-        q_pids = np.asarray(store.query.pids[:], dtype=np.int64)
-        q_camids = np.asarray(store.query.camids[:], dtype=np.int64)
-        g_pids = np.asarray(store.gallery.pids[:], dtype=np.int64)
-        g_camids = np.asarray(store.gallery.camids[:], dtype=np.int64)
+        data = classic_load(store)
         t_load = time.perf_counter() - t
 
         t = time.perf_counter()
-        # torchreid: euclidean_squared_distance = |q|^2 + |g|^2 - 2 q g^T (addmm_), cosine_distance =
-        # 1 - normalize(q) normalize(g)^T.  Here: one float32 GEMM on all cores with the -2 folded
-        # into q, then the norms added in place, in cache-sized tiles on all cores.
-        if args.metric == "cosine":
-            qn, gn = None, None
-            lhs = -(qf / np.linalg.norm(qf, axis=1, keepdims=True))
-            rhs = gf / np.linalg.norm(gf, axis=1, keepdims=True)
-        else:
-            qn = np.einsum("ij,ij->i", qf, qf)[:, None]
-            gn = np.einsum("ij,ij->i", gf, gf)
-            lhs, rhs = -2.0 * qf, gf
-        distmat = lhs @ rhs.T
-        combine(distmat, qn, gn)  # sqeuclidean here for both euclidean metrics (same ranking)
+        distmat = classic_distmat(data, args.metric, combine)
         t_dist = time.perf_counter() - t
 
         t = time.perf_counter()
-        indices = argsort_rows(distmat)
+        indices = classic_argsort(distmat, args.classic_sort_threads)
         t_sort = time.perf_counter() - t
 
         t = time.perf_counter()
-        nq = qf.shape[0]
+        nq = data["qf"].shape[0]
         ap, inp, first_hit = np.empty(nq), np.empty(nq), np.empty(nq, dtype=np.int64)
-        g_junk = np.isin(g_pids, junk_pids).astype(np.uint8)
-        kernel(indices, q_pids, q_camids, g_pids, g_camids, g_junk, ap, inp, first_hit)
+        g_junk = np.isin(data["g_pids"], junk_pids).astype(np.uint8)
+        kernel(indices, data["q_pids"], data["q_camids"], data["g_pids"], data["g_camids"], g_junk, ap, inp, first_hit)
         valid = first_hit > 0
         n_valid = int(valid.sum())
         metrics = _metrics(float(ap[valid].mean()) if n_valid else None,
@@ -602,8 +642,257 @@ def classic_evaluation(args, kernel, combine):
     return once
 
 
+def classic_load(store) -> dict:
+    """Everything in memory, as the classic codebases hold it: float32 features, int64 labels."""
+    import numpy as np
+
+    return {
+        "qf": np.asarray(store.query.features[:], dtype=np.float32),
+        "gf": np.asarray(store.gallery.features[:], dtype=np.float32),
+        "q_pids": np.asarray(store.query.pids[:], dtype=np.int64),
+        "q_camids": np.asarray(store.query.camids[:], dtype=np.int64),
+        "g_pids": np.asarray(store.gallery.pids[:], dtype=np.int64),
+        "g_camids": np.asarray(store.gallery.camids[:], dtype=np.int64),
+    }
+
+
+def classic_distmat(data: dict, metric: str, combine):
+    """The full Nq x Ng float32 distance matrix.
+
+    torchreid: euclidean_squared_distance = |q|^2 + |g|^2 - 2 q g^T (addmm_), cosine_distance =
+    1 - normalize(q) normalize(g)^T.  Here: one float32 GEMM on all cores with the -2 folded into q,
+    then the norms added in place, in cache-sized tiles on all cores (``combine``: sqeuclidean for both
+    euclidean metrics, the same ranking).
+    """
+    import numpy as np
+
+    qf, gf = data["qf"], data["gf"]
+    if metric == "cosine":
+        qn, gn = None, None
+        lhs = -(qf / np.linalg.norm(qf, axis=1, keepdims=True))
+        rhs = gf / np.linalg.norm(gf, axis=1, keepdims=True)
+    else:
+        qn = np.einsum("ij,ij->i", qf, qf)[:, None]
+        gn = np.einsum("ij,ij->i", gf, gf)
+        lhs, rhs = -2.0 * qf, gf
+    distmat = lhs @ rhs.T
+    combine(distmat, qn, gn)
+    return distmat
+
+
+def classic_argsort(distmat, threads: int):
+    """``np.argsort(distmat, axis=1)``; with threads > 1 the rows split over threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    if threads == 1:
+        return np.argsort(distmat, axis=1)
+    indices = np.empty(distmat.shape, dtype=np.intp)
+    bounds = np.linspace(0, distmat.shape[0], threads + 1).astype(int)
+
+    def part(i):
+        indices[bounds[i]:bounds[i + 1]] = np.argsort(distmat[bounds[i]:bounds[i + 1]], axis=1)
+
+    with ThreadPoolExecutor(threads) as ex:
+        list(ex.map(part, range(threads)))
+    return indices
+
+
 def _metrics(mAP, rank1, mINP, n_valid) -> dict:
     return {"mAP": mAP, "rank1": rank1, "mINP": mINP, "n_valid_queries": int(n_valid)}
+
+
+# --------------------------------------------------------------------------------------------------
+# (e) --protocols: the classic implementations of cuhk03-sgs and SYSU (plain Python/numpy, as upstream)
+
+
+def run_classic_protocol(args) -> dict:
+    """classic-cuhk03 or classic-sysu: best of --repeat; a loop cut by --classic-budget counts with its
+    linear extrapolation (the parts of the breakdown add up to the reported time)."""
+    import numpy as np
+
+    from streameval.store import open_store
+
+    t0 = time.perf_counter()
+    a = np.ones((256, 256), np.float32)
+    _ = a @ a  # start the BLAS threads
+    combine = Combiner("sqeuclidean" if args.metric == "euclidean" else args.metric)
+    warm = time.perf_counter() - t0
+    store = open_store(args._store)
+    evaluation = classic_cuhk03 if args._run == "classic-cuhk03" else classic_sysu
+    out = timed_runs(lambda: evaluation(store, args, combine), args.repeat)
+    out["metrics"] = out.pop("result")
+    if out["metrics"]["subset"]:
+        out["time_s"] = sum(out["detail"].values())
+    out["warmup"] = f"BLAS started ({warm:.2f} s, not timed)"
+    out["warmup_s"] = warm
+    return out
+
+
+def classic_cuhk03(store, args, combine):
+    """torchreid's Python ``eval_cuhk03`` (torchreid/metrics/rank.py) on the full matrix: (metrics, seconds)."""
+    import numpy as np
+
+    seconds = {}
+    t = time.perf_counter()
+    data = classic_load(store)
+    seconds["load"] = time.perf_counter() - t
+    t = time.perf_counter()
+    distmat = classic_distmat(data, args.metric, combine)
+    seconds["distmat"] = time.perf_counter() - t
+    t = time.perf_counter()
+    indices = classic_argsort(distmat, args.classic_sort_threads)
+    seconds["argsort"] = time.perf_counter() - t
+    t = time.perf_counter()
+    q_pids, q_camids, g_pids, g_camids = (data[k] for k in ("q_pids", "q_camids", "g_pids", "g_camids"))
+    matches = (g_pids[indices] == q_pids[:, np.newaxis]).astype(np.int32)
+    g_junk = g_pids == -1  # streameval's default junk pid (torchreid's eval_cuhk03 has none)
+    seconds["matches"] = time.perf_counter() - t
+
+    np.random.seed(args.seed)  # torchreid leaves the global generator unseeded
+    t = time.perf_counter()
+    deadline = t + args.classic_budget
+    num_q = distmat.shape[0]
+    all_cmc, all_AP = [], []
+    done = 0
+    while done < num_q and time.perf_counter() < deadline:
+        q_idx = done
+        done += 1
+        q_pid, q_camid = q_pids[q_idx], q_camids[q_idx]
+        order = indices[q_idx]
+        remove = ((g_pids[order] == q_pid) & (g_camids[order] == q_camid)) | g_junk[order]
+        keep = np.invert(remove)
+        raw_cmc = matches[q_idx][keep]
+        if not np.any(raw_cmc):
+            continue
+        kept_g_pids = g_pids[order][keep]
+        g_pids_dict = defaultdict(list)
+        for idx, pid in enumerate(kept_g_pids):
+            g_pids_dict[pid].append(idx)
+        cmc = 0.
+        for _ in range(args.trials):
+            mask = np.zeros(len(raw_cmc), dtype=bool)  # torchreid: np.bool, gone since numpy 1.24
+            for _, idxs in g_pids_dict.items():
+                rnd_idx = np.random.choice(idxs)  # one sampled gallery image per identity
+                mask[rnd_idx] = True
+            masked_raw_cmc = raw_cmc[mask]
+            _cmc = masked_raw_cmc.cumsum()
+            _cmc[_cmc > 1] = 1
+            cmc += _cmc[:MAX_RANK].astype(np.float32)
+        cmc /= args.trials
+        all_cmc.append(cmc)
+        num_rel = raw_cmc.sum()  # AP on the full kept list
+        tmp_cmc = raw_cmc.cumsum()
+        tmp_cmc = [x / (i + 1.) for i, x in enumerate(tmp_cmc)]
+        tmp_cmc = np.asarray(tmp_cmc) * raw_cmc
+        all_AP.append(tmp_cmc.sum() / num_rel)
+    seconds["eval loop"] = (time.perf_counter() - t) * num_q / done
+    del distmat, indices, matches
+    n_valid = len(all_AP)
+    cmc = np.asarray(all_cmc, dtype=np.float32).sum(0) / n_valid if n_valid else None
+    metrics = _metrics(float(np.mean(all_AP)) if n_valid else None, float(cmc[0]) if n_valid else None, None, n_valid)
+    metrics["rank10"] = float(cmc[9]) if n_valid else None
+    metrics["subset"] = _subset(done, num_q, "queries", seconds["eval loop"] * done / num_q)
+    return metrics, seconds
+
+
+def classic_sysu(store, args, combine):
+    """mangye16's ``eval_sysu`` (Cross-Modal-Re-ID-baseline eval_metrics.py) per trial, on the full matrix
+    computed once and masked to each trial's gallery: (metrics, seconds)."""
+    import numpy as np
+
+    from streameval.draws import bits_to_masks, trial_bits
+
+    seconds = {}
+    t = time.perf_counter()
+    data = classic_load(store)
+    seconds["load"] = time.perf_counter() - t
+    t = time.perf_counter()
+    distmat = classic_distmat(data, args.metric, combine)
+    seconds["distmat"] = time.perf_counter() - t
+    q_pids, q_camids, g_pids, g_camids = (data[k] for k in ("q_pids", "q_camids", "g_pids", "g_camids"))
+    t = time.perf_counter()
+    # the trial galleries streameval draws (upstream: random.choice per (pid, camera)), so numbers agree
+    gallery_bits, _ = trial_bits(sysu_like_protocol(args.trials), g_pids, g_camids, q_pids, q_camids, len(g_pids))
+    trial_masks = bits_to_masks(gallery_bits, args.trials)
+    seconds["draws"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    deadline = t + args.classic_budget
+    per_trial, sort_s = [], 0.0
+    while len(per_trial) < args.trials and time.perf_counter() < deadline:
+        cols = np.flatnonzero(trial_masks[len(per_trial)])
+        t_sort = time.perf_counter()
+        indices = np.argsort(distmat[:, cols], axis=1)  # every trial re-sorts, as upstream
+        sort_s += time.perf_counter() - t_sort
+        per_trial.append(eval_sysu(indices, q_pids, q_camids, g_pids[cols], g_camids[cols]))
+    done = len(per_trial)
+    loop_s = (time.perf_counter() - t) * args.trials / done
+    seconds["argsort"] = sort_s * args.trials / done
+    seconds["eval loop"] = loop_s - seconds["argsort"]
+    del distmat
+    metrics = {key: _mean_or_none([m[key] for m in per_trial]) for key in ("mAP", "rank1", "rank10", "mINP")}
+    metrics["n_valid_queries"] = float(np.mean([m["n_valid_queries"] for m in per_trial]))
+    metrics["per_trial"] = per_trial
+    metrics["subset"] = _subset(done, args.trials, "trials", loop_s * done / args.trials)
+    return metrics, seconds
+
+
+def eval_sysu(indices, q_pids, q_camids, g_pids, g_camids) -> dict:
+    """One trial of mangye16's ``eval_sysu``: per query, the kept list (upstream's (3, 2) rule, plus the
+    market rule of the SYSU-like protocol and junk), its identity-deduplicated CMC, AP and INP.
+    Queries without a positive are skipped (upstream appends their dedup curve first, which only
+    matters when some query has no positive)."""
+    import numpy as np
+
+    pred_label = g_pids[indices]
+    matches = (g_pids[indices] == q_pids[:, np.newaxis]).astype(np.int32)
+    new_all_cmc, all_AP, all_INP = [], [], []
+    for q_idx in range(indices.shape[0]):
+        q_pid, q_camid = q_pids[q_idx], q_camids[q_idx]
+        order = indices[q_idx]
+        remove = (((q_camid == 3) & (g_camids[order] == 2)) | ((g_pids[order] == q_pid) & (g_camids[order] == q_camid))
+                  | (g_pids[order] == -1))
+        keep = np.invert(remove)
+        orig_cmc = matches[q_idx][keep]
+        if not np.any(orig_cmc):
+            continue
+        new_cmc = pred_label[q_idx][keep]
+        new_index = np.unique(new_cmc, return_index=True)[1]
+        new_cmc = [new_cmc[index] for index in sorted(new_index)]  # identities by first appearance
+        new_match = (np.asarray(new_cmc) == q_pid).astype(np.int32)
+        new_cmc = new_match.cumsum()
+        new_cmc = np.pad(new_cmc, (0, max(0, MAX_RANK - len(new_cmc))), mode="edge")  # upstream needs >= max_rank ids
+        new_all_cmc.append(new_cmc[:MAX_RANK])
+
+        cmc = orig_cmc.cumsum()
+        pos_max_idx = np.max(np.where(orig_cmc == 1))
+        all_INP.append(cmc[pos_max_idx] / (pos_max_idx + 1.0))
+        num_rel = orig_cmc.sum()
+        tmp_cmc = orig_cmc.cumsum()
+        tmp_cmc = [x / (i + 1.) for i, x in enumerate(tmp_cmc)]
+        tmp_cmc = np.asarray(tmp_cmc) * orig_cmc
+        all_AP.append(tmp_cmc.sum() / num_rel)
+    n_valid = len(all_AP)
+    if not n_valid:
+        return dict(_metrics(None, None, None, 0), rank10=None)
+    new_all_cmc = np.asarray(new_all_cmc, dtype=np.float32).sum(0) / n_valid
+    metrics = _metrics(float(np.mean(all_AP)), float(new_all_cmc[0]), float(np.mean(all_INP)), n_valid)
+    metrics["rank10"] = float(new_all_cmc[9])
+    return metrics
+
+
+def _subset(done: int, total: int, unit: str, measured_s: float) -> dict | None:
+    """None when the loop ran in full, else what the extrapolation rests on."""
+    if done == total:
+        return None
+    return {"done": done, "of": total, "unit": unit, "measured_loop_s": measured_s}
+
+
+def _mean_or_none(values):
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
 
 
 def child_main(args) -> int:
@@ -612,6 +901,8 @@ def child_main(args) -> int:
         return 0
     t0 = time.perf_counter()
     runners = {"floor": run_floor, "classic": run_classic, "update": run_update,
+               "se-cuhk03": run_streameval, "se-sysu": run_streameval,
+               "classic-cuhk03": run_classic_protocol, "classic-sysu": run_classic_protocol,
                **{variant: run_streameval for variant in VARIANTS}}
     out = runners[args._run](args)
     out["child_total_s"] = time.perf_counter() - t0
@@ -770,7 +1061,7 @@ def run_child(args, method: str, store_path: str) -> dict:
     os.close(fd)
     cmd = [sys.executable, os.path.abspath(__file__), "--_run", method, "--_store", store_path, "--_out", out_path,
            "--metric", args.metric, "--repeat", str(args.repeat), "--update-frac", str(args.update_frac),
-           "--seed", str(args.seed),
+           "--seed", str(args.seed), "--trials", str(args.trials), "--classic-budget", str(args.classic_budget),
            "--classic-sort-threads", str(args.classic_sort_threads)]
     t = time.perf_counter()
     busy0, cpu0 = _cpu_busy_s(), _children_cpu_s()
@@ -1018,6 +1309,138 @@ def report_update(r: dict | None, n_gallery: int) -> dict | None:
     return r
 
 
+PROTOCOL_LABELS = {
+    "se-market": "market, one pass",
+    "se-cuhk03": "cuhk03-sgs, {T} sampled repeats",
+    "se-sysu": "sysu-like, {T} trials",
+    "classic-market": "market (numba loop)",
+    "classic-cuhk03": "cuhk03, torchreid Python",
+    "classic-sysu": "sysu-like, mangye16 Python",
+}
+PROTOCOL_RATIOS = (  # (numerator, denominator, what, goal: (kind, value) or None)
+    ("se-cuhk03", "se-market", "{T} sgs repeats vs one market evaluation", ("<=", PROTOCOL_GOAL_COST)),
+    ("se-sysu", "se-market", "{T} SYSU-like trials vs one market evaluation", ("<=", PROTOCOL_GOAL_COST)),
+    ("classic-cuhk03", "se-cuhk03", "classic CUHK03 loop vs streameval cuhk03-sgs", (">=", PROTOCOL_GOAL_SPEEDUP)),
+    ("classic-sysu", "se-sysu", "classic SYSU per-trial re-sort vs streameval trials", None),
+    ("classic-market", "se-market", "classic market vs streameval market", None),
+)
+
+
+def report_protocols(size, store_path, how, results: dict, args) -> dict:
+    """The --protocols table: seconds, peak RSS and headline numbers per method, then the ratios, the
+    breakdowns and the agreement of the numbers."""
+    nq, ng, dim, ids = size
+    T = args.trials
+    print(f"=== protocols: {nq} x {ng} x {dim}  ({ids} ids, {args.cams} cams, {args.dtype} store, metric "
+          f"{args.metric}, no GOM, T = {T}) ===")
+    print(f"store   : {store_path} ({how})")
+    header = (f"{'method':<16}{'protocol / implementation':<30}{'time (s)':>10}{'peak RSS (MB)':>15}"
+              f"{'rank-1':>9}{'rank-10':>9}{'mAP':>9}{'mINP':>9}")
+    print(header)
+    print("-" * len(header))
+    rows = {}
+    for name in args.methods:
+        r = results[name]
+        if "error" in r:
+            print(f"{name:<16}  FAILED: {r['error']}")
+            rows[name] = {"error": r["error"]}
+            continue
+        m = r["metrics"]
+        subset = m.get("subset")
+        print(f"{name:<16}{PROTOCOL_LABELS[name].format(T=T):<30}{r['time_s']:>10.3f}{'*' if subset else ' '}"
+              f"{r['peak_rss_mb']:>14.0f}{fmt(m['rank1'], '.4f'):>9}{fmt(m.get('rank10'), '.4f'):>9}"
+              f"{fmt(m['mAP'], '.4f'):>9}{fmt(m['mINP'], '.4f'):>9}")
+        rows[name] = {"time_s": r["time_s"], "times_s": r["times_s"], "peak_rss_mb": r["peak_rss_mb"],
+                      "base_rss_mb": r["base_rss_mb"], "metrics": m, "detail": r.get("detail"),
+                      "warmup": r.get("warmup"), "plan": r.get("plan"), "others_cores": r.get("others_cores")}
+    for name, row in rows.items():
+        subset = row.get("metrics", {}).get("subset")
+        if subset:
+            print(f"* {name}: its Python loop hit --classic-budget {args.classic_budget:g} s and ran "
+                  f"{subset['done']} of {subset['of']} {subset['unit']} ({subset['measured_loop_s']:.1f} s); "
+                  f"its time is EXTRAPOLATED linearly to all {subset['of']}")
+    ratios = report_protocol_ratios(rows, T)
+    for name, row in rows.items():
+        if "error" in row:
+            continue
+        bits = [row["warmup"]]
+        if row["detail"]:
+            bits.append("breakdown " + ", ".join(f"{k} {v:.3f}s" for k, v in row["detail"].items()))
+        if len(row["times_s"]) > 1:
+            bits.append("runs " + " ".join(f"{t:.3f}" for t in row["times_s"]))
+        if row["others_cores"] is not None and row["others_cores"] >= 0.1:
+            bits.append(f"WARNING: other processes used {row['others_cores']:.1f} cores meanwhile")
+        print(f"  {name}: " + "; ".join(bits))
+    agreement = report_protocol_agreement(rows)
+    print()
+    return {"size": {"n_query": nq, "n_gallery": ng, "dim": dim, "n_ids": ids}, "store": store_path,
+            "store_status": how, "trials": T, "sysu_like_protocol": sysu_like_protocol(T).to_record(),
+            "rows": rows, "ratios": ratios, "agreement": agreement}
+
+
+def report_protocol_ratios(rows: dict, T: int) -> list:
+    print("ratios:")
+    out = []
+    for top, bottom, what, goal in PROTOCOL_RATIOS:
+        if "time_s" not in rows.get(top, {}) or "time_s" not in rows.get(bottom, {}):
+            continue
+        ratio = rows[top]["time_s"] / rows[bottom]["time_s"]
+        verdict = ""
+        if goal:
+            kind, value = goal
+            met = ratio <= value if kind == "<=" else ratio >= value
+            verdict = f"  (goal {kind} {value:g}x: {'met' if met else 'NOT met'})"
+        print(f"  {top + ' / ' + bottom:<31}{ratio:>9.2f}x  {what.format(T=T)}{verdict}")
+        out.append({"numerator": top, "denominator": bottom, "ratio": ratio, "goal": goal})
+    return out
+
+
+def report_protocol_agreement(rows: dict) -> dict:
+    """Which numbers must agree: market (exactly), cuhk03-sgs's AP on the full kept list (= market's)
+    and every SYSU-like trial (same galleries); the sampled sgs CMC only in distribution."""
+    metrics = {name: row["metrics"] for name, row in rows.items() if "metrics" in row}
+    out = {}
+
+    def diffs(a, b, keys):
+        return {k: (abs(a[k] - b[k]) if a.get(k) is not None and b.get(k) is not None else None) for k in keys}
+
+    def verdict(d):
+        return all(v is not None and v <= AGREE_TOL for v in d.values())
+
+    if "se-market" in metrics and "classic-market" in metrics:
+        d = diffs(metrics["se-market"], metrics["classic-market"], ("mAP", "rank1", "mINP"))
+        out["market"] = {"abs_diff": d, "agree": verdict(d)}
+        print(f"  agreement market, streameval vs classic: {'OK' if verdict(d) else 'DIFFER'} "
+              f"(|d| mAP {fmt(d['mAP'], '.1e')}, rank-1 {fmt(d['rank1'], '.1e')}, mINP {fmt(d['mINP'], '.1e')})")
+    if "se-cuhk03" in metrics:
+        se = metrics["se-cuhk03"]
+        notes = []
+        for other in ("se-market", "classic-cuhk03"):
+            if other not in metrics or metrics[other].get("subset"):
+                continue
+            d = diffs(se, metrics[other], ("mAP",))
+            out[f"cuhk03 mAP vs {other}"] = {"abs_diff": d, "agree": verdict(d)}
+            notes.append(f"mAP vs {other} {'OK' if verdict(d) else 'DIFFER'} (|d| {fmt(d['mAP'], '.1e')})")
+        classic = metrics.get("classic-cuhk03")
+        if classic:
+            notes.append(f"rank-1 {fmt(se['rank1'], '.4f')} vs classic {fmt(classic['rank1'], '.4f')}"
+                         f"{' (classic on a subset)' if classic.get('subset') else ''}: sampled draws, "
+                         f"equal in distribution only")
+        if notes:
+            print("  agreement cuhk03-sgs: " + "; ".join(notes))
+    if "se-sysu" in metrics and "classic-sysu" in metrics:
+        se, classic = metrics["se-sysu"]["per_trial"], metrics["classic-sysu"]["per_trial"]
+        keys = ("mAP", "rank1", "rank10", "mINP")
+        worst = {k: max((diffs(a, b, keys)[k] for a, b in zip(se, classic)), key=lambda v: -1 if v is None else v)
+                 for k in keys}
+        ok = verdict(worst) and all(a["n_valid_queries"] == b["n_valid_queries"] for a, b in zip(se, classic))
+        out["sysu-like"] = {"trials_compared": len(classic), "max_abs_diff": worst, "agree": ok}
+        print(f"  agreement sysu-like per trial ({len(classic)} trials, same galleries): {'OK' if ok else 'DIFFER'} "
+              f"(max |d| mAP {fmt(worst['mAP'], '.1e')}, rank-1 {fmt(worst['rank1'], '.1e')}, "
+              f"rank-10 {fmt(worst['rank10'], '.1e')}, mINP {fmt(worst['mINP'], '.1e')})")
+    return out
+
+
 def print_scaling(sizes: list) -> None:
     """One line per size: each method's time, M pairs/s and peak RSS, to see growth with the gallery."""
     methods = [m for m in METHODS if any(r["method"] == m and "time_s" in r for size in sizes for r in size["rows"])]
@@ -1045,6 +1468,8 @@ def main(argv=None) -> int:
     out = {"machine": facts, "options": {k: getattr(args, k) for k in (
         "metric", "dtype", "cams", "seed", "repeat", "methods", "junk_frac", "distractor_frac",
         "open_query_frac", "chunk_rows", "classic_sort_threads", "workdir")}, "sizes": []}
+    if args.protocols:
+        out["options"].update(protocols=True, trials=args.trials, classic_budget=args.classic_budget)
     if "process" in args.methods:
         out["startup"] = startup_times(args)
         print_startup(out["startup"])
@@ -1054,11 +1479,17 @@ def main(argv=None) -> int:
         mb = warm_page_cache(path)
         how += f", {mb:.0f} MB read once to warm the page cache"
         results = {}
+        if args.protocols:
+            for name in args.methods:
+                results[name] = run_child(args, PROTOCOL_METHODS[name], path)
+            out["sizes"].append(report_protocols(size, path, how, results, args))
+            sys.stdout.flush()
+            continue
         for method in args.methods:
             results[method] = run_processes(args, path) if method == "process" else run_child(args, method, path)
         out["sizes"].append(report_size(size, path, how, results, args))
         sys.stdout.flush()
-    if len(out["sizes"]) > 1:
+    if len(out["sizes"]) > 1 and not args.protocols:
         print_scaling(out["sizes"])
     if args.json:
         with open(args.json, "w") as fh:

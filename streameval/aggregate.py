@@ -17,11 +17,11 @@ import math
 import os
 from dataclasses import dataclass
 
-import numpy as np
 
 from . import __version__
 from .choices import RESULT_SCHEMA
 from .errors import OptionError, StreamevalError, one_line
+from .spread import STATS, spread
 
 STD_DDOF = 1
 SETTINGS = ("metric", "protocol", "max_rank")  # top-level keys that decide the numbers
@@ -30,7 +30,6 @@ SCALARS = COUNTS + ("rank1", "rank5", "rank10", "mAP", "mAP_trapezoid", "mINP")
 GOM_SETTINGS = ("normalisation", "bins", "B", "vp")
 GOM_SCALARS = ("mReP_max", "tau_max", "mVP_max", "MREP", "MFR", "tau_nz")
 GOM_CURVES = ("mRP", "mVP", "mReP", "mFR")
-STATS = ("mean", "std", "sem", "min", "max", "count")
 PER_RUN = ("n_queries", "n_valid_queries", "mAP", "rank1", "mINP")
 
 
@@ -123,7 +122,9 @@ def check_compatible(runs: list[Run]) -> list[str]:
 
 def _settings(result: dict) -> dict:
     """Every field that decides a run's numbers, by the name the refusal prints."""
-    fields = {name: result[name] for name in SETTINGS}
+    fields = {name: result[name] for name in SETTINGS if name != "protocol"}
+    protocol = result["protocol"]  # a record (a name in results before protocols were records)
+    fields.update(_flattened(protocol, "protocol.") if isinstance(protocol, dict) else {"protocol": protocol})
     fields.update(_flattened(result["options"]))
     gom = result["gom"]
     fields["gom"] = "off" if gom is None else "on"
@@ -202,14 +203,7 @@ def _by_stat(stats: dict, stat: str) -> dict:
 def _statistics(runs: list[Run], path: tuple) -> dict:
     """mean, std, sem, min, max, count of one metric over the runs where it is not null; a curve
     gives a list per statistic (one value per point) and one count."""
-    values = [value for value in (_value(run, path) for run in runs) if value is not None]
-    if not values:
-        return {"mean": None, "std": None, "sem": None, "min": None, "max": None, "count": 0}
-    x = np.asarray(values, dtype=np.float64)  # (count,) or (count, points)
-    count = x.shape[0]
-    std = x.std(axis=0, ddof=STD_DDOF) if count > STD_DDOF else None  # one run: no spread to estimate
-    return {"mean": _json(x.mean(axis=0)), "std": _json(std), "sem": _json(None if std is None else std / math.sqrt(count)),
-            "min": _json(x.min(axis=0)), "max": _json(x.max(axis=0)), "count": count}
+    return spread([_value(run, path) for run in runs], STD_DDOF)
 
 
 def _value(run: Run, path: tuple):
@@ -237,12 +231,6 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _json(value):
-    if value is None:
-        return None
-    return value.tolist() if value.ndim else float(value)
-
-
 # ------------------------------------------------------------------------------------ terminal
 
 
@@ -250,7 +238,8 @@ def summary(out: dict) -> str:
     """The per-run table and the mean +- std line, plain text that pastes into a report."""
     agg = out["aggregate"]
     width = max(len("run"), *(len(row["label"]) for row in agg["per_run"]))
-    lines = [f"streameval aggregate: {agg['n_runs']} runs, {out['metric']}, protocol {out['protocol']}, "
+    protocol = out["protocol"]["name"] if isinstance(out["protocol"], dict) else out["protocol"]
+    lines = [f"streameval aggregate: {agg['n_runs']} runs, {out['metric']}, protocol {protocol}, "
              f"std with ddof {agg['std_ddof']}",
              f"  {'run':<{width}}  {'queries':>9}  {'rank-1':>7}  {'mAP':>7}  {'mINP':>7}"]
     lines += [f"  {row['label']:<{width}}  {row['n_queries']:>9,}  {_pct(row['rank1'])}  {_pct(row['mAP'])}  "

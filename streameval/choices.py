@@ -2,7 +2,6 @@
 
 METRICS = ("euclidean", "sqeuclidean", "cosine")
 PRECISIONS = ("float32", "float64")
-PROTOCOLS = ("market", "none")
 GOM_VP_MODES = ("reference", "jaccard")
 
 # Upper bounds that keep the per-query state and the curves small (beyond them numbers stop changing

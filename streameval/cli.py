@@ -1,4 +1,5 @@
-"""Command line: ``streameval eval | update | append | synth | convert | validate | plot | aggregate``.
+"""Command line: ``streameval eval | update | append | synth | convert | validate | plot | aggregate |
+protocols``.
 
 Errors in the input end as one line on stderr and a non-zero exit code (2: bad option,
 3: bad store or data, 4: cluster), never as a traceback.  Every output path is checked before any
@@ -15,7 +16,7 @@ import time
 import click
 
 from . import outputs
-from .choices import METRICS, PRECISIONS, PROTOCOLS
+from .choices import METRICS, PRECISIONS
 from .errors import StreamevalError
 from .plan import parse_bytes
 
@@ -135,10 +136,28 @@ def _result_options(defaults: bool):
         option("--metric", type=click.Choice(METRICS),
                help="Distance." + (" Default: the store's default_metric attribute (euclidean if unset)." if defaults
                                    else "")),
-        option("--protocol", type=click.Choice(PROTOCOLS), default="market",
-               help="market: same-pid same-camera gallery items are junk; none: no camera filter."),
-        option("--junk-pids", default="-1", callback=_int_list,
-               help="Comma-separated pids ignored by the ranking (Market-1501 junk is -1)."),
+        option("--protocol", default="market", metavar="NAME|FILE",
+               help="Who is scored against whom: a preset ('streameval protocols' lists them: market, none, "
+                    "cuhk03-sgs, sysu-all, sysu-indoor, regdb, vehicleid, mars, ...) or a .toml/.json protocol file "
+                    "(docs/protocols.md)."),
+        option("--junk-pids", callback=_int_list,
+               help="Comma-separated pids ignored by the ranking. Default: the protocol's (Market-1501 junk is -1)."),
+        option("--denominator", type=click.Choice(["skip", "zero"]),
+               help="Queries without a positive: skip them (default of the protocols) or count them as 0 (layumi's scripts)."),
+        option("--cmc", type=click.Choice(["first-hit", "identity-dedup"]),
+               help="CMC flavour. Default: the protocol's (identity-dedup for SYSU-MM01)."),
+        option("--trials", type=click.IntRange(min=0),
+               help="Number of gallery trials (masks over one pass; 0: none). Default: the protocol's (10 for SYSU, VehicleID)."),
+        option("--trial-source", metavar="draw|official:PATH|mangye16-random",
+               help="Where trial galleries come from: seeded draws, an official permutation table, or mangye16's random."),
+        option("--shots", type=click.IntRange(min=1), help="Gallery rows per group in each trial (SYSU multi-shot: 10)."),
+        option("--seed", type=int, help="Seed of the trial and sgs draws (hash-based: the same for any chunking)."),
+        option("--sgs-mode", type=click.Choice(["sampled", "expected", "both"]),
+               help="cuhk03-sgs: sampled repeats, the exact expectation over all draws, or both."),
+        option("--sgs-repeats", type=click.IntRange(min=1), help="cuhk03-sgs: sampled repeats (default 10)."),
+        option("--camera-rule", type=click.Choice(["same-id-same-cam", "separate-cameras"]),
+               help="cuhk03-sgs: torchreid's rule (default) or open-reid's separate camera sets."),
+        option("--direction", type=click.Choice(["both", "v2t", "t2v"]), help="regdb: which directions to run (default both)."),
         option("--max-rank", type=click.IntRange(min=1), default=50, help="Length of the CMC curve."),
         option("--precision", type=click.Choice(PRECISIONS), default="float32",
                help="Precision of the distance GEMM (features are upcast per chunk)."),
@@ -152,6 +171,8 @@ def _result_options(defaults: bool):
                help="FR cap B: FR = min(returned, B) / B for open-set queries."),
         option("--gom-vp", type=click.Choice(["reference", "jaccard"]), default="reference",
                help="VP as the GOM reference code (returns capped at the last positive) or the paper's Jaccard index."),
+        option("--std-ddof", type=click.Choice(["1", "0"]), default="1",
+               help="Trials' std: 1 = sample standard deviation (MATLAB, R, pandas), 0 = numpy's default."),
     )
 
 
@@ -234,6 +255,7 @@ def eval_cmd(store, json_path, per_query, quiet, state, overwrite, **options):
     outputs.check_file(json_path, overwrite, "--json file")
     from .evaluate import evaluate  # checks --state before any work
 
+    options["std_ddof"] = int(options["std_ddof"])
     result = evaluate(store, progress=not quiet, state=state, overwrite_state=overwrite, **options)
     _finish(result, store, json_path, per_query, quiet)
 
@@ -256,6 +278,7 @@ def update(store, state, json_path, per_query, quiet, overwrite, **options):
     """
     outputs.check_file(json_path, overwrite, "--json file")
     options["no_gom"] = options["no_gom"] or None  # an absent flag means "as in the state"
+    options["std_ddof"] = None if options["std_ddof"] is None else int(options["std_ddof"])
     from .incremental import update as update_state
 
     result = update_state(store, state, progress=not quiet, **options)
@@ -408,6 +431,29 @@ def aggregate_cmd(runs, labels, json_path, overwrite):
     click.echo(summary(out), err=json_path == "-")
     if failure is not None:
         raise failure
+
+
+@main.command("protocols")
+@click.option("--show", metavar="NAME|FILE", default=None,
+              help="Print the record a preset name, alias or protocol file (.toml / .json) resolves to, as JSON.")
+def protocols_cmd(show):
+    """List the protocol presets: what published numbers each reproduces, and the code it follows.
+
+    A preset name, an alias or a protocol file goes to --protocol.  Fields, presets, trials and
+    protocol files are explained in docs/protocols.md in the repository.
+    """
+    from . import protocols  # light: no numpy, so the listing is instant
+
+    if show is not None:
+        click.echo(json.dumps(protocols.resolve(show).to_record(), indent=2))
+        return
+    blocks = []
+    for name, aliases, reproduces, reference in protocols.presets_table():
+        also = f" (aliases: {', '.join(aliases)})" if aliases else ""
+        blocks.append(f"{name}{also}\n  reproduces: {reproduces}\n  reference:  {reference}")
+    click.echo("\n\n".join(blocks))
+    click.echo("\nYour own protocol: a .toml or .json file (docs/protocols.md); "
+               "'streameval protocols --show NAME' prints a preset's record, a starting point for one.")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import dask
 import numpy as np
@@ -21,13 +21,14 @@ from . import graph, kernels, metrics
 from .choices import MAX_RANK_LIMIT, PRECISIONS
 from .cluster import CONNECT_TIMEOUT_S, ClusterOptions, connect
 from .errors import OptionError
-from .gom import GomOptions, query_curves
+from .gom import GomOptions
 from .outputs import check_folder
-from .gom import summarize as summarize_gom
 from .plan import DEFAULT_MEMORY_BUDGET, check_state_memory, make_plan, parse_bytes
 from .progress import Bar, Phases, Reporter, ThreadedProgress, compile_timer, compute_distributed
-from .protocol import Protocol
-from .state import Positives, QueryState, RankState
+from .protocol import Rules
+from .protocols.record import Protocol
+from .state import Positives, QueryState
+from .statistics import StatState
 from .store import Store, open_store, write_store
 
 ARRAY_NAMES = {  # accepted names for in-memory input, long form first
@@ -40,20 +41,30 @@ ARRAY_NAMES = {  # accepted names for in-memory input, long form first
 }
 
 
+PROTOCOL_OPTIONS = ("junk_pids", "denominator", "cmc", "trials", "trial_source", "shots", "seed", "sgs_mode",
+                    "sgs_repeats", "camera_rule", "direction")  # protocols.resolve's overrides
+
+
 @dataclass(frozen=True)
 class Settings:
-    """The validated options that decide the numbers (METRICS.md section 5)."""
+    """The validated options that decide the numbers (METRICS.md section 5, PROTOCOLS.md section 8)."""
 
     metric: str
-    protocol: str
-    junk_pids: tuple
+    protocol: Protocol
     precision: str
     max_rank: int
     gom: GomOptions | None
+    std_ddof: int = 1
 
     @classmethod
-    def parse(cls, store: Store, metric=None, protocol="market", junk_pids=(-1,), max_rank=50, precision="float32",
-              no_gom=False, gom_norm="minmax", gom_bins=100, gom_b=3000, gom_vp="reference") -> "Settings":
+    def parse(cls, store: Store, metric=None, protocol="market", max_rank=50, precision="float32", no_gom=False,
+              gom_norm="minmax", gom_bins=100, gom_b=3000, gom_vp="reference", std_ddof=1,
+              **overrides) -> "Settings":
+        from .protocols import resolve
+
+        unknown = sorted(set(overrides) - set(PROTOCOL_OPTIONS))
+        if unknown:
+            raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
         metric = metric or store.default_metric
         if metric not in kernels.METRIC_CODES:
             raise OptionError(f"metric must be one of {', '.join(kernels.METRIC_CODES)}, got {metric!r}")
@@ -61,14 +72,47 @@ class Settings:
             raise OptionError(f"precision must be float32 or float64, got {precision!r}")
         if not 1 <= max_rank <= MAX_RANK_LIMIT:
             raise OptionError(f"max_rank must be between 1 and {MAX_RANK_LIMIT:,}, got {max_rank}")
-        junk = tuple(int(p) for p in Protocol.from_options(protocol, junk_pids).junk_pids)
+        if std_ddof not in (0, 1):
+            raise OptionError(f"std_ddof must be 1 (sample standard deviation) or 0, got {std_ddof!r}")
+        if isinstance(protocol, Mapping):  # a resolved record, as results and states hold it
+            protocol = Protocol.from_record(protocol)
+        resolved = resolve(protocol, **{k: v for k, v in overrides.items() if v is not None})
         gom = None if no_gom else GomOptions.parse(gom_norm, gom_bins, gom_b, gom_vp)
-        return cls(metric, protocol, junk, precision, max_rank, gom)
+        return cls(metric, resolved, precision, max_rank, gom, std_ddof)
 
-    def scoring(self, dim: int) -> graph.Scoring:
+    @property
+    def rules(self) -> Rules:
+        return Rules.of(self.protocol)
+
+    @property
+    def n_trials(self) -> int:
+        return self.rules.n_trials
+
+    def statistics(self, meta, dim: int) -> tuple:
+        """The statistics the scoring pass counts for these settings."""
+        from .statistics.dedup import Dedup
+        from .statistics.gom_hist import GomHist
+        from .statistics.sgs import SgsExpected, SgsSampled
+        from .statistics.slots import Slots
+
+        stats = [Slots(self.n_trials)]
+        if self.gom is not None:
+            stats.append(GomHist(self.n_trials, self.gom.bins, self.gom.norm == "fixed",
+                                 kernels.bin_error_bound(dim, self.precision)))
+        if self.protocol.cmc == "identity-dedup":
+            stats.append(Dedup(self.n_trials, self.max_rank))
+        sgs = self.protocol.sgs
+        if sgs is not None and sgs.mode in ("sampled", "both"):
+            stats.append(SgsSampled(sgs.repeats, sgs.seed))
+        if sgs is not None and sgs.mode in ("expected", "both"):
+            stats.append(SgsExpected(meta.identities.pids.shape[0]))
+        return tuple(stats)
+
+    def scoring(self, dim: int, meta) -> graph.Scoring:
+        stats = self.statistics(meta, dim)
         return graph.Scoring(
-            np.dtype(self.precision), kernels.METRIC_CODES[self.metric], Protocol.from_options(self.protocol, self.junk_pids),
-            self.gom, kernels.dot_error_bound(dim, self.precision), kernels.bin_error_bound(dim, self.precision),
+            np.dtype(self.precision), kernels.METRIC_CODES[self.metric], self.rules, self.gom,
+            kernels.dot_error_bound(dim, self.precision), kernels.bin_error_bound(dim, self.precision), stats,
         )
 
     @property
@@ -78,15 +122,18 @@ class Settings:
     def to_options(self) -> dict:
         """The options as ``evaluate`` keyword arguments (``Settings.parse(store, **them)`` gives them back)."""
         gom = self.gom or GomOptions()
-        return {"metric": self.metric, "protocol": self.protocol, "junk_pids": list(self.junk_pids),
-                "max_rank": self.max_rank, "precision": self.precision, "no_gom": self.gom is None,
-                "gom_norm": gom.spec, "gom_bins": gom.bins, "gom_b": gom.b, "gom_vp": gom.vp}
+        return {"metric": self.metric, "protocol": self.protocol.to_record(), "max_rank": self.max_rank,
+                "precision": self.precision, "no_gom": self.gom is None, "gom_norm": gom.spec, "gom_bins": gom.bins,
+                "gom_b": gom.b, "gom_vp": gom.vp, "std_ddof": self.std_ddof}
 
     def state_key(self) -> dict:
-        """The options a saved per-query state depends on (max_rank, B and vp only shape the report)."""
+        """The options a saved per-query state depends on (B, vp and, unless the identity-dedup
+        state is as long as it, max_rank only shape the report)."""
         gom = None if self.gom is None else {"norm": self.gom.norm, "lo": self.gom.lo, "hi": self.gom.hi, "bins": self.gom.bins}
-        return {"metric": self.metric, "protocol": self.protocol, "junk_pids": list(self.junk_pids),
-                "precision": self.precision, "gom": gom}
+        key = {"metric": self.metric, "protocol": self.protocol.to_record(), "precision": self.precision, "gom": gom}
+        if self.protocol.cmc == "identity-dedup":
+            key["max_rank"] = self.max_rank
+        return key
 
 
 @dataclass(frozen=True)
@@ -202,8 +249,7 @@ def evaluate(
     data,
     *,
     metric: str | None = None,
-    protocol: str = "market",
-    junk_pids=(-1,),
+    protocol="market",
     max_rank: int = 50,
     precision: str = "float32",
     no_gom: bool = False,
@@ -211,10 +257,11 @@ def evaluate(
     gom_bins: int = 100,
     gom_b: int = 3000,
     gom_vp: str = "reference",
+    std_ddof: int = 1,
     storage_options: dict | None = None,
     state: str | os.PathLike | None = None,
     overwrite_state: bool = False,
-    **execution,
+    **options,
 ) -> metrics.Result:
     """Evaluate query against gallery features; return a :class:`~streameval.metrics.Result`.
 
@@ -223,9 +270,16 @@ def evaluate(
     query_pids, query_camids, gallery_features, gallery_pids, gallery_camids``, or the short names
     ``qf, q_pids, q_camids, gf, g_pids, g_camids``).
 
+    ``protocol``: a preset name (``streameval protocols`` lists them), a .toml / .json protocol
+    file, or a ``protocols.Protocol``; its fields can be overridden (PROTOCOLS.md section 8):
+    ``junk_pids``, ``denominator``, ``cmc``, ``trials``, ``trial_source``, ``shots``, ``seed``,
+    ``sgs_mode``, ``sgs_repeats``, ``camera_rule``, ``direction``.  With trials (or sgs repeats) the
+    headline values are the trials' means and ``result.trials`` holds each trial and the spread
+    (std with ``std_ddof``).  A protocol with two directions (regdb) gives ``result.directions``.
+
     GOM open-set metrics (``gom_*`` options, METRICS.md section 4) are computed unless ``no_gom``.
 
-    ``execution`` keywords (``EXECUTION_DEFAULTS``) never change a number.  Chunks: ``query_block``
+    The other keywords (``EXECUTION_DEFAULTS``) never change a number.  Chunks: ``query_block``
     queries x ``gallery_chunk`` gallery rows per task, by default planned from ``memory_budget``
     (bytes or e.g. "1GiB").  Where it runs: ``scheduler`` (tcp://host:port), ``scheduler_file`` or
     ``cluster="local"`` (with ``n_workers``, ``threads_per_worker``, ``memory_limit`` as for
@@ -240,66 +294,108 @@ def evaluate(
     ``overwrite_state``).
     """
     phases = Phases()
-    execution = Execution.from_options("evaluate", execution)
+    overrides = {key: options.pop(key) for key in PROTOCOL_OPTIONS if key in options}
+    execution = Execution.from_options("evaluate", options)
     store = _as_store(data, storage_options)
-    settings = Settings.parse(store, metric, protocol, junk_pids, max_rank, precision, no_gom, gom_norm, gom_bins,
-                              gom_b, gom_vp)
+    settings = Settings.parse(store, metric, protocol, max_rank, precision, no_gom, gom_norm, gom_bins, gom_b,
+                              gom_vp, std_ddof, **overrides)
+    if len(settings.protocol.directions) == 2:
+        if state is not None:
+            raise OptionError("a state holds one direction: evaluate with direction='v2t' or 't2v' to save one")
+        return _both_directions(store, settings, execution, phases)
+    store = oriented(store, settings.protocol)
     if state is not None:
-        from .statestore import check_writable
+        from .statestore import check_updatable, check_writable
 
+        check_updatable(settings)
         check_folder(state, "state directory")
         check_writable(state, overwrite_state)
     with session(store, settings, execution, phases) as runner:
-        query_state, read = full_state(store, settings, runner)
+        query_state, read, meta = full_state(store, settings, runner)
     if state is not None:
         from .statestore import save_state
 
         save_state(state, store, settings, query_state)
         phases.lap("saving state")
-    return make_result(store, settings, query_state, runner, read, len(store.query) * len(store.gallery))
+    pairs = len(store.query) * graph.extended_rows(graph.gallery_parts(store.query, store.gallery,
+                                                                       settings.protocol.gallery_includes_queries))
+    return make_result(store, settings, query_state, runner, read, pairs, meta)
 
 
-def full_state(store: Store, settings: Settings, runner: Runner) -> tuple[QueryState, int]:
-    """Every query's state over the whole gallery, and the bytes the graph read."""
-    scoring = settings.scoring(store.dim)
-    positives, states, dist_range = runner.compute(graph.build(store.query, store.gallery, runner.plan, scoring))
-    query_state = QueryState(Positives.concat(positives), RankState.concat(states), dist_range, len(store.gallery))
+def oriented(store: Store, protocol) -> Store:
+    """The store as the protocol's single direction reads it: ``t2v`` swaps queries and gallery."""
+    if protocol.directions == ("t2v",):
+        return replace(store, query=store.gallery, gallery=store.query)
+    return store
+
+
+def _both_directions(store: Store, settings: Settings, execution: Execution, phases: Phases) -> metrics.Result:
+    """Each direction evaluated on its own; the first one's result holds both under ``directions``."""
+    results = {}
+    for direction in settings.protocol.directions:
+        one = replace(settings, protocol=replace(settings.protocol, directions=(direction,)))
+        swapped = oriented(store, one.protocol)
+        with session(swapped, one, execution, Phases()) as runner:
+            query_state, read, meta = full_state(swapped, one, runner)
+        results[direction] = make_result(swapped, one, query_state, runner, read,
+                                         len(swapped.query) * len(swapped.gallery), meta)
+    first = results[settings.protocol.directions[0]]
+    first.directions = {name: result.to_dict() for name, result in results.items()}
+    return first
+
+
+def full_state(store: Store, settings: Settings, runner: Runner):
+    """Every query's state over the whole extended gallery, the bytes the graph read, the metadata."""
+    from . import metadata
+
+    parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
+    meta = metadata.build(store.query, parts, settings.rules)
+    scoring = settings.scoring(store.dim, meta)
+    positives, states, dist_range = runner.compute(graph.build(store.query, parts, runner.plan, scoring, meta))
+    query_state = QueryState(Positives.concat(positives), StatState.concat(states), dist_range,
+                             graph.extended_rows(parts))
     passes = 2 if settings.minmax else 1
     read = graph.rows_bytes(store.query, len(store.query)) + sum(
-        graph.positives_pass_bytes(store.gallery, runner.plan, block, 0, len(store.gallery))
-        + passes * graph.rows_bytes(store.gallery, len(store.gallery)) for block in positives
+        graph.positives_pass_bytes(runner.plan, parts, block, 0, query_state.gallery_rows)
+        + passes * graph.rows_bytes(parts[0].fs, query_state.gallery_rows) for block in positives
     )
-    return query_state, read
+    return query_state, read, meta
 
 
 def make_result(store: Store, settings: Settings, state: QueryState, runner: Runner, bytes_read: int, pairs: int,
-                **run_facts) -> metrics.Result:
-    """Per-query values, closed-set and GOM aggregates of ``state``, and how the run went: ``pairs``
-    scored, ``bytes_read``, any other ``run_facts``, and the time of each phase of ``runner.phases``,
-    this one ("metrics") included, with numba's compiling or loading of the metric kernels (outside
-    the progress bar) named apart."""
+                meta=None, **run_facts) -> metrics.Result:
+    """Per-query values, closed-set and GOM aggregates of ``state`` per trial, their means when
+    there are several, and how the run went: ``pairs`` scored, ``bytes_read``, any other
+    ``run_facts``, and the time of each phase of ``runner.phases``, this one ("metrics") included,
+    with numba's compiling or loading of the metric kernels (outside the progress bar) named apart."""
+    from . import metadata, trials
+    from .store import read_ids
+
+    meta = meta or graph.Metadata()
     with compile_timer() as compiling:
-        per_query = metrics.query_values(state.positives, state.ranks)
-        closed_set = metrics.closed_set(per_query, settings.max_rank)
-        gom = None
-        if settings.gom is not None:
-            curves = query_curves(state.positives, state.ranks, settings.gom,
-                                  graph.normalisation(settings.gom, state.dist_range))
-            gom = summarize_gom(curves, per_query["n_positives"], settings.gom, state.dist_range)
-            if settings.gom.norm == "fixed":
-                gom["clipped"] = state.clipping(settings.gom.lo, settings.gom.hi)
+        q_bits = metadata.query_bits(store.query, settings.rules, meta)
+        norms = graph.normalisations(settings.gom, state.dist_range, settings.n_trials)
+        found, extras = trials.entries(state, settings, q_bits, read_ids(store.query)[1], meta, norms)
+        values, block = trials.headline(found, settings.max_rank, settings.std_ddof)
     runner.phases.lap("metrics", carved={"compiling kernels": compiling.seconds} if compiling.seconds else None)
-    n_valid = int((per_query["n_positives"] > 0).sum())
+    per_query = found[0]["per_query"] if len(found) == 1 else {
+        name: np.stack([entry["per_query"][name] for entry in found]) for name in found[0]["per_query"]}
+    cmc = values["cmc"]
     return metrics.Result(
-        n_queries=len(store.query), n_valid_queries=n_valid, n_open_queries=len(store.query) - n_valid,
-        n_gallery=state.gallery_rows, metric=settings.metric, protocol=settings.protocol, max_rank=settings.max_rank,
-        per_query=per_query, **closed_set, gom=gom,
-        options={"junk_pids": list(settings.junk_pids), "precision": settings.precision},
+        n_queries=values["n_queries"], n_valid_queries=values["n_valid_queries"],
+        n_open_queries=values["n_open_queries"], n_gallery=state.gallery_rows, metric=settings.metric,
+        protocol=settings.protocol.name, max_rank=settings.max_rank, per_query=per_query,
+        cmc=None if cmc is None else np.asarray(cmc), mAP=values["mAP"], mAP_trapezoid=values["mAP_trapezoid"],
+        mINP=values["mINP"], gom=values["gom"],
+        options={"precision": settings.precision, "std_ddof": settings.std_ddof},
         run={
             "query_block": runner.plan.query_block, "gallery_chunk": runner.plan.gallery_chunk,
             "workers": runner.plan.workers, "scheduler": runner.where, "bytes_read": bytes_read,
             **metrics.run_timing(dict(runner.phases.seconds), pairs), **run_facts,
         },
+        protocol_record=settings.protocol.to_record(), cmc_flavour=settings.protocol.cmc, cmc_first_hit=values["cmc_first_hit"],
+        cmc_sgs_expected=None if extras.get("cmc_sgs_expected") is None else list(map(float, extras["cmc_sgs_expected"])),
+        trials=block,
     )
 
 

@@ -9,8 +9,8 @@ i = 0..N; an item is returned at tau iff d~ <= tau (junk only at tau >= 1).
 * MREP, MFR = trapezoid integrals of mReP and mFR over the grid
 * tau_nz = first tau with mFR > 0
 
-The streamed state is integer: per query, a histogram of the thresholds at which its negatives are
-first returned (``RankState.neg_hist``).  Ratios are formed once, per query in ``kernels.gom_curves``
+The streamed state is integer: per query and trial, a histogram of the thresholds at which its
+negatives are first returned (``statistics.gom_hist``).  Ratios are formed once, per query in ``kernels.gom_curves``
 and as means in ``summarize``.
 """
 
@@ -106,13 +106,15 @@ class DistanceRange:
 CURVES = ("rp", "vp", "rep", "fr")
 
 
-def query_curves(positives, state, options: GomOptions, norm: Normalisation) -> dict:
-    """Per-query curves: (queries, N + 1) arrays ``rp``, ``vp``, ``rep`` (Q+ rows) and ``fr`` (Q-
-    rows), zero elsewhere."""
+def query_curves(positives, slots: np.ndarray, hist: np.ndarray, junk: np.ndarray, options: GomOptions,
+                 norm: Normalisation) -> dict:
+    """Per-query curves of one trial: (queries, N + 1) arrays ``rp``, ``vp``, ``rep`` (Q+ rows) and
+    ``fr`` (Q- rows), zero elsewhere; ``positives``, ``slots`` in the trial's layout
+    (``statistics.slots.restrict``), ``hist`` and ``junk`` the trial's columns."""
     tau = options.tau
     curves = {name: np.zeros((positives.counts.shape[0], tau.shape[0])) for name in CURVES}
     kernels.gom_curves(
-        positives.offsets, positives.dist, state.neg_slots, state.neg_hist, positives.junk, tau,
+        positives.offsets, positives.dist, slots, np.ascontiguousarray(hist), np.ascontiguousarray(junk), tau,
         norm.mode, norm.lo, norm.span, options.vp == "jaccard", options.b, *(curves[name] for name in CURVES),
     )
     return curves

@@ -1,14 +1,17 @@
 """The Dask graph: per-(query block, gallery chunk) tasks and a tree reduction per query block.
 
-Three passes over gallery rows [start, stop), each built per query block (``Plan``)::
+Three passes over the extended gallery (the stored gallery, then the queries' copies when the
+protocol includes them: ``gallery_parts``), each built per query block (``Plan``)::
 
     load_rows(queries) ─┬─> find_positive_pairs(chunk 0..C) ─> collect_positives     positives pass
                         ├─> [minmax GOM only] block_range(chunk 0..C) ─> tree of min/max  range pass
                         └─> score_chunk(chunk 0..C, positives, normalisation)            scoring pass
-                              in W chains (chunk w, w+W, ...) ─> tree of RankState.merge
+                              in W chains (chunk w, w+W, ...) ─> tree of StatState.merge
 
-``build`` chains them over the whole gallery (one graph: the scoring tasks wait for the positives
-and, with ``minmax``, for the global range).  Incremental updates (``incremental.py``) run the
+A scoring task computes one distance block per query sub-block and runs every requested statistic
+on it (``statistics``); trials are bits of each row (``Metadata``), counted in the same pass.
+``build`` chains the passes over the whole gallery (one graph: the scoring tasks wait for the
+positives and, with ``minmax``, for the per-trial ranges).  Incremental updates (``incremental.py``) run the
 passes over the new rows and over the old rows of a subset of the queries.
 
 Tasks receive the store's arrays (not data) and read their own gallery rows, so nothing but small
@@ -35,8 +38,10 @@ from .errors import OptionError, StoreError
 from .gom import DistanceRange, GomOptions, Normalisation
 from .plan import Plan
 from .progress import pairs_work, read_work, work_key
-from .protocol import Protocol
-from .state import Positives, RankState
+from .protocol import Rules, camera_table
+from .state import Positives
+from .statistics import StatState
+from .statistics.block import Block, fill_distances
 from .store import FeatureSet, read_ids, read_rows, row_number
 
 MERGE_FAN_IN = 8
@@ -45,16 +50,39 @@ QUERY_SUB_BLOCK = 512  # query rows per GEMM inside a task: 512 x 4096 float32 d
 
 @dataclass(frozen=True)
 class Scoring:
-    """What every task needs to score pairs: working dtype, metric code, protocol, GOM options and
-    the GEMM error bounds for ranking and threshold decisions (``kernels.dot_error_bound``,
-    ``kernels.bin_error_bound``)."""
+    """What every task needs to score pairs: working dtype, metric code, the protocol's rules, GOM
+    options, the GEMM error bounds for ranking and threshold decisions (``kernels.dot_error_bound``,
+    ``kernels.bin_error_bound``) and the statistics the scoring pass counts."""
 
     dtype: np.dtype
     metric: int
-    protocol: Protocol
+    rules: Rules
     gom: GomOptions | None
     dot_bound: float
     bin_bound: float
+    statistics: tuple
+
+    @property
+    def n_trials(self) -> int:
+        return self.rules.n_trials
+
+
+@dataclass(frozen=True)
+class Metadata:
+    """What the protocol needs to know about all rows before scoring (``metadata.build``): drawn
+    trial bits (None: from cameras, per chunk) and the identities sgs draws from (None without sgs)."""
+
+    g_bits: np.ndarray | None = None  # per extended gallery row
+    q_bits: np.ndarray | None = None  # per query row
+    identities: object = None  # statistics.sgs.Identities
+
+
+@dataclass(frozen=True)
+class PassContext:
+    """What a scoring task's statistics share: per trial GOM normalisations, and the metadata."""
+
+    norms: tuple
+    meta: Metadata
 
 
 @dataclass(frozen=True)
@@ -66,10 +94,39 @@ class Rows:
     norms: np.ndarray  # float64 |x|, for the GEMM error windows
     pids: np.ndarray
     camids: np.ndarray
+    index: np.ndarray  # row numbers: query rows, or extended gallery rows
+    bits: np.ndarray  # uint64 trial membership
 
 
-def load_rows(fs: FeatureSet, rows, scoring: Scoring) -> Rows:
-    """Rows of a set (a slice or an array of row numbers)."""
+@dataclass(frozen=True)
+class Part:
+    """A run of extended gallery rows: rows [0, len) of ``fs`` are extended rows [offset, offset + len)."""
+
+    fs: FeatureSet
+    offset: int
+
+
+def gallery_parts(query: FeatureSet, gallery: FeatureSet, includes_queries: bool) -> tuple:
+    """The extended gallery: the stored gallery, then the queries' copies when they are included."""
+    parts = (Part(gallery, 0),)
+    return parts + (Part(query, len(gallery)),) if includes_queries else parts
+
+
+def gallery_chunks(plan: Plan, parts: tuple, start: int = 0) -> list:
+    """(part, first, stop) chunks of the extended gallery rows [start, end), in part-local rows."""
+    chunks = []
+    for part in parts:
+        first = max(start - part.offset, 0)
+        chunks += [(part, a, b) for a, b in plan.gallery_ranges(len(part.fs), first) if a < b]
+    return chunks
+
+
+def extended_rows(parts: tuple) -> int:
+    return parts[-1].offset + len(parts[-1].fs)
+
+
+def load_rows(fs: FeatureSet, rows, scoring: Scoring, meta: Metadata, part: Part | None = None) -> Rows:
+    """Rows of a set (a slice or an array of row numbers): queries, or with ``part`` gallery rows."""
     features, pids, camids = read_rows(fs, rows, scoring.dtype)
     terms = kernels.row_terms(features, scoring.metric)
     if scoring.metric == kernels.COSINE and not terms.all():
@@ -83,46 +140,59 @@ def load_rows(fs: FeatureSet, rows, scoring: Scoring) -> Rows:
             f"{fs.name} row {row_number(rows, bad)} has norm {norms[bad]:.3g}, outside [{lo:.3g}, {hi:.3g}] where "
             f"{scoring.dtype} dot products neither overflow nor underflow; evaluate with --precision float64 "
             "(precision='float64')")
-    return Rows(features, terms, norms, pids, camids)
+    index = np.arange(rows.start, rows.stop, dtype=np.int64) if isinstance(rows, slice) else np.asarray(rows, np.int64)
+    if part is None:
+        drawn, allowed = meta.q_bits, scoring.rules.protocol.query_cameras
+    else:
+        index = index + part.offset
+        drawn, allowed = meta.g_bits, scoring.rules.protocol.gallery_cameras
+    bits = drawn[index] if drawn is not None else scoring.rules.camera_bits(camids, allowed)
+    return Rows(features, terms, norms, pids, camids, index, bits)
 
 
-def find_positive_pairs(gallery: FeatureSet, start: int, stop: int, queries: Rows, scoring: Scoring):
-    """Positive pairs between the query block and gallery rows [start, stop), with exact distances,
-    and each query's junk count in those rows.
+def find_positive_pairs(part: Part, start: int, stop: int, queries: Rows, scoring: Scoring, meta: Metadata,
+                        own_start):
+    """Positive pairs between the query block and the part's rows [start, stop), with exact
+    distances and trial bits, and each query's excluded rows per trial there.
 
     Reads the chunk's features only when it holds a positive of some query in the block.
     """
-    g_pid, g_cam = read_ids(gallery, start, stop)
-    qrows, grows, junk = scoring.protocol.positive_pairs(
-        queries.pids, queries.camids, g_pid, g_cam, scoring.protocol.junk_mask(g_pid)
-    )
+    g_pid, g_cam = read_ids(part.fs, start, stop)
+    g_index = np.arange(start, stop, dtype=np.int64) + part.offset
+    g_bits = meta.g_bits[g_index] if meta.g_bits is not None else scoring.rules.camera_bits(
+        g_cam, scoring.rules.protocol.gallery_cameras)
+    qrows, grows, bits, junk = scoring.rules.positive_pairs(
+        queries.pids, queries.camids, queries.index, queries.bits, g_pid, g_cam, g_bits, part.offset + start, own_start)
     if qrows.size == 0:
-        return qrows, grows, np.empty(0, dtype=np.float64), junk
-    chunk = load_rows(gallery, slice(start, stop), scoring)
+        return qrows, grows, np.empty(0, dtype=np.float64), bits, junk
+    chunk = load_rows(part.fs, slice(start, stop), scoring, meta, part)
     dist = kernels.pair_distances(
         queries.features, chunk.features, qrows, grows, queries.terms, chunk.terms, scoring.metric
     )
-    return qrows, grows + start, dist, junk
+    return qrows, grows + part.offset + start, dist, bits, junk
 
 
-def collect_positives(n_queries: int, *parts) -> Positives:
-    qrows, gidx, dist = (np.concatenate(column) for column in list(zip(*parts))[:3])
-    return Positives.from_pairs(n_queries, qrows, gidx, dist, sum(part[3] for part in parts))
+def collect_positives(n_queries: int, n_trials: int, *parts) -> Positives:
+    if not parts:
+        empty = np.empty(0)
+        return Positives.from_pairs(n_queries, empty.astype(np.int64), empty.astype(np.int64), empty,
+                                    empty.astype(np.uint64), np.zeros((n_queries, n_trials), dtype=np.int64))
+    qrows, gidx, dist, bits = (np.concatenate(column) for column in list(zip(*parts))[:4])
+    return Positives.from_pairs(n_queries, qrows, gidx, dist, bits, sum(part[4] for part in parts))
 
 
-_scratch: dict[int, np.ndarray] = {}  # thread id -> dot-product block buffer
+_scratch: dict[tuple, np.ndarray] = {}  # (thread id, purpose) -> reusable buffer
 
 
-def _dot_block(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a @ b.T into a per-thread buffer reused across tasks: a fresh block of this size would cost
-    page faults on every task (about as much as the GEMM itself at small D)."""
-    size = a.shape[0] * b.shape[0]
-    buffer = _scratch.get(threading.get_ident())
-    if buffer is None or buffer.dtype != a.dtype or buffer.size < size:
-        buffer = _scratch[threading.get_ident()] = np.empty(size, dtype=a.dtype)
-    out = buffer[:size].reshape(a.shape[0], b.shape[0])
-    np.matmul(a, b.T, out=out)
-    return out
+def _buffer(purpose: str, dtype, shape: tuple) -> np.ndarray:
+    """A per-thread buffer reused across tasks: a fresh block of this size would cost page faults
+    on every task (about as much as the GEMM itself at small D)."""
+    size = int(np.prod(shape))
+    key = (threading.get_ident(), purpose)
+    buffer = _scratch.get(key)
+    if buffer is None or buffer.dtype != dtype or buffer.size < size:
+        buffer = _scratch[key] = np.empty(size, dtype=dtype)
+    return buffer[:size].reshape(shape)
 
 
 def release_scratch() -> None:
@@ -133,55 +203,80 @@ def release_scratch() -> None:
 def _sub_blocks(queries: Rows, chunk: Rows):
     """(row slice, dot products) for consecutive QUERY_SUB_BLOCK-row slices of the query block.
 
-    A task's dot products are made a few MiB at a time, so the kernel reads them from cache and the
+    A task's dot products are made a few MiB at a time, so the kernels read them from cache and the
     task's memory does not grow with the query block.
     """
     for first in range(0, queries.features.shape[0], QUERY_SUB_BLOCK):
         rows = slice(first, first + QUERY_SUB_BLOCK)
-        yield rows, _dot_block(queries.features[rows], chunk.features)
+        a = queries.features[rows]
+        out = _buffer("dots", a.dtype, (a.shape[0], chunk.features.shape[0]))
+        np.matmul(a, chunk.features.T, out=out)
+        yield rows, out
 
 
-def block_range(gallery: FeatureSet, start: int, stop: int, queries: Rows, scoring: Scoring) -> DistanceRange:
-    """Min and max distance between the query block and gallery rows [start, stop)."""
-    chunk = load_rows(gallery, slice(start, stop), scoring)
-    ranges = [
-        DistanceRange(*kernels.distance_range(
-            dots, queries.features[rows], chunk.features, queries.terms[rows], chunk.terms, queries.norms[rows],
-            chunk.norms, scoring.metric, scoring.dot_bound,
-        ))
-        for rows, dots in _sub_blocks(queries, chunk)
-    ]
-    return reduce(DistanceRange.merge, ranges)
+def _in_trial(bits: np.ndarray, t: int):
+    """Positions of the rows in trial t (a slice when all are)."""
+    inside = ((bits >> np.uint64(t)) & np.uint64(1)).astype(bool)
+    return slice(None) if inside.all() else np.flatnonzero(inside)
 
 
-def positives_range(positives: Positives) -> DistanceRange:
-    """Positives' own (pair-computed) distances belong to the range too, so their d~ is in [0, 1]."""
-    if positives.dist.size == 0:
-        return DistanceRange(np.inf, -np.inf)
-    return DistanceRange(float(positives.dist.min()), float(positives.dist.max()))
+def block_range(part: Part, start: int, stop: int, queries: Rows, scoring: Scoring, meta: Metadata) -> list:
+    """Per trial, the min and max distance between the block's queries and the part's rows
+    [start, stop) in that trial."""
+    chunk = load_rows(part.fs, slice(start, stop), scoring, meta, part)
+    ranges = [DistanceRange(np.inf, -np.inf)] * scoring.n_trials
+    for rows, dots in _sub_blocks(queries, chunk):
+        for t in range(scoring.n_trials):
+            q, g = _in_trial(queries.bits[rows], t), _in_trial(chunk.bits, t)
+            trial_dots = dots if isinstance(q, slice) and isinstance(g, slice) else np.ascontiguousarray(dots[q][:, g])
+            found = kernels.distance_range(
+                trial_dots, queries.features[rows][q], chunk.features[g], queries.terms[rows][q], chunk.terms[g],
+                queries.norms[rows][q], chunk.norms[g], scoring.metric, scoring.dot_bound)
+            ranges[t] = DistanceRange.merge(ranges[t], DistanceRange(*found))
+    return ranges
 
 
-def score_chunk(gallery: FeatureSet, start: int, stop: int, queries: Rows, positives: Positives,
-                scoring: Scoring, norm: Normalisation, before: RankState | None) -> RankState:
-    """``before`` (if any) plus the slot counts (and GOM threshold histograms) of the negatives in
-    gallery rows [start, stop)."""
-    gom = scoring.gom
-    n_bins = gom.bins if gom else 1
+def positives_range(positives: Positives, n_trials: int) -> list:
+    """Per trial, the positives' own (pair-computed) distances belong to the range too, so their
+    d~ is in [0, 1]."""
+    ranges = []
+    for t in range(n_trials):
+        dist = positives.dist[((positives.bits >> np.uint64(t)) & np.uint64(1)).astype(bool)]
+        ranges.append(DistanceRange(float(dist.min()), float(dist.max())) if dist.size else DistanceRange(np.inf, -np.inf))
+    return ranges
+
+
+def merge_ranges(a: list, b: list) -> list:
+    return [DistanceRange.merge(x, y) for x, y in zip(a, b)]
+
+
+def prepare(statistics: tuple, meta: Metadata, queries: Rows, positives: Positives) -> tuple:
+    """Each statistic's per-query-block data (``Statistic.prepare``)."""
+    return tuple(stat.prepare(meta, queries, positives) for stat in statistics)
+
+
+def score_chunk(part: Part, start: int, stop: int, queries: Rows, positives: Positives, aux: tuple,
+                scoring: Scoring, run: PassContext, before: StatState | None) -> StatState:
+    """``before`` (if any) plus every statistic's counts over the part's rows [start, stop): one
+    distance block per query sub-block, handed to each statistic's update."""
     if before is None:
-        state = RankState.empty(positives.dist.shape[0], len(queries.pids), n_bins + 2 if gom else 0,
-                                clipping=gom is not None and gom.norm == "fixed")
+        state = StatState.empty(scoring.statistics, len(queries.pids), positives.dist.shape[0])
     else:  # a copy, so a task never changes its input (Dask may hold or re-use it)
         state = before.copy()
-    chunk = load_rows(gallery, slice(start, stop), scoring)
-    junk = scoring.protocol.junk_mask(chunk.pids)
+    chunk = load_rows(part.fs, slice(start, stop), scoring, run.meta, part)
+    junk = scoring.rules.junk_mask(chunk.pids)
     for rows, dots in _sub_blocks(queries, chunk):
-        kernels.score_block(
-            dots, queries.features[rows], chunk.features, queries.terms[rows], chunk.terms, queries.norms[rows],
-            chunk.norms, scoring.metric, scoring.dot_bound, scoring.bin_bound, queries.pids[rows], chunk.pids, junk,
-            start, positives.offsets[rows.start:rows.stop + 1], positives.dist, positives.gidx, state.neg_slots,
-            gom is not None, norm.mode, norm.lo, norm.span, n_bins, state.neg_hist[rows], state.clipped[rows],
-            state.pair_range[rows],
-        )
+        dist = _buffer("distances", np.float64, dots.shape)
+        fill_distances(dots, queries.terms[rows], chunk.terms, scoring.metric, dist)
+        q_cix, g_cix, table = camera_table(scoring.rules.protocol.x_any, queries.camids[rows], chunk.camids)
+        blk = Block(dist, queries.features[rows], chunk.features, queries.terms[rows], chunk.terms, queries.norms[rows],
+                    chunk.norms, scoring.metric, scoring.dot_bound, queries.pids[rows], chunk.pids, junk, q_cix, g_cix,
+                    table, queries.bits[rows], chunk.bits, part.offset + start,
+                    positives.offsets[rows.start:rows.stop + 1], positives.dist, positives.gidx, positives.bits)
+        for stat, extra in zip(scoring.statistics, aux):
+            views = {name: arr[rows] if stat.fields[name].axis == "query" else arr
+                     for name, arr in state.fields(stat).items()}
+            stat.update(blk, rows, views, extra, run)
     return state
 
 
@@ -196,13 +291,13 @@ def tree_reduce(items: list, merge, fan_in: int = MERGE_FAN_IN):
     return items[0]
 
 
-def normalisation(options: GomOptions | None, dist_range) -> Normalisation:
-    """d~'s kernel arguments: identity (no GOM, ``none``), fixed LO:HI, or the global range."""
+def normalisations(options: GomOptions | None, dist_ranges, n_trials: int) -> tuple:
+    """d~'s kernel arguments per trial: identity (no GOM, ``none``), fixed LO:HI, or the trial's range."""
     if options is None or options.norm == "none":
-        return Normalisation.identity()
+        return (Normalisation.identity(),) * n_trials
     if options.norm == "fixed":
-        return Normalisation.affine(options.lo, options.hi)
-    return Normalisation.affine(dist_range.lo, dist_range.hi)
+        return (Normalisation.affine(options.lo, options.hi),) * n_trials
+    return tuple(Normalisation.affine(r.lo, r.hi) for r in dist_ranges)
 
 
 def query_blocks(plan: Plan, queries: np.ndarray | None, n_query: int) -> list:
@@ -217,89 +312,87 @@ def block_size(rows) -> int:
     return rows.stop - rows.start if isinstance(rows, slice) else len(rows)
 
 
-def block_sizes(plan: Plan, n_query: int) -> list[int]:
-    """Queries in each block of all ``n_query`` queries (the blocks of ``positives_pass``)."""
-    return [b - a for a, b in plan.query_ranges(n_query)]
-
-
-def load_queries(query: FeatureSet, rows, scoring: Scoring, pass_name: str):
+def load_queries(query: FeatureSet, rows, scoring: Scoring, meta, pass_name: str):
     """Delayed Rows of a query block, read as part of pass ``pass_name``."""
-    return delayed(load_rows)(query, rows, scoring,
+    return delayed(load_rows)(query, rows, scoring, meta,
                               dask_key_name=work_key(pass_name, read_work(rows_bytes(query, block_size(rows)))))
 
 
-def positives_pass(query: FeatureSet, gallery: FeatureSet, plan: Plan, scoring: Scoring, start: int = 0):
-    """Per query block of all queries: (delayed Rows, delayed Positives in gallery rows [start, end))."""
-    chunks = plan.gallery_ranges(len(gallery), start)
+def positives_pass(query: FeatureSet, parts: tuple, plan: Plan, scoring: Scoring, meta, start: int = 0):
+    """Per query block of all queries: (delayed Rows, delayed Positives in extended rows [start, end))."""
+    chunks = gallery_chunks(plan, parts, start)
+    own_start = parts[1].offset if len(parts) > 1 else None
     blocks = []
     for rows in query_blocks(plan, None, len(query)):
-        queries = load_queries(query, rows, scoring, "positives")
-        pairs = [delayed(find_positive_pairs)(gallery, a, b, queries, scoring,
-                                              dask_key_name=work_key("positives", positives_work(gallery, a, b)))
-                 for a, b in chunks]
-        blocks.append((queries, delayed(collect_positives)(block_size(rows), *pairs)))
+        queries = load_queries(query, rows, scoring, meta, "positives")
+        pairs = [delayed(find_positive_pairs)(part, a, b, queries, scoring, meta, own_start,
+                                              dask_key_name=work_key("positives", positives_work(part.fs, a, b)))
+                 for part, a, b in chunks]
+        blocks.append((queries, delayed(collect_positives)(block_size(rows), scoring.n_trials, *pairs)))
     return blocks
 
 
-def range_pass(query: FeatureSet, gallery: FeatureSet, plan: Plan, scoring: Scoring, blocks, start: int = 0):
-    """Delayed DistanceRange of every pair of the blocks' queries (``positives_pass`` of ``query``)
-    with gallery rows [start, end), their positives' distances included."""
-    chunks = plan.gallery_ranges(len(gallery), start)
-    sizes = block_sizes(plan, len(query))
-    ranges = [delayed(block_range)(gallery, a, b, queries, scoring,
-                                   dask_key_name=work_key("range", distance_work(gallery, n_queries, a, b)))
-              for n_queries, (queries, _) in zip(sizes, blocks) for a, b in chunks]
-    ranges += [delayed(positives_range)(positives) for _, positives in blocks]
-    return tree_reduce(ranges, DistanceRange.merge)
+def range_pass(parts: tuple, plan: Plan, scoring: Scoring, meta, blocks, sizes: list, start: int = 0):
+    """Per trial, the delayed DistanceRange of every pair of the blocks' queries (``positives_pass``)
+    with extended rows [start, end), their positives' distances included."""
+    chunks = gallery_chunks(plan, parts, start)
+    ranges = [delayed(block_range)(part, a, b, queries, scoring, meta,
+                                   dask_key_name=work_key("range", distance_work(part.fs, n_queries, a, b)))
+              for n_queries, (queries, _) in zip(sizes, blocks) for part, a, b in chunks]
+    ranges += [delayed(positives_range)(positives, scoring.n_trials) for _, positives in blocks]
+    return tree_reduce(ranges, merge_ranges)
 
 
-def scoring_pass(gallery: FeatureSet, plan: Plan, scoring: Scoring, n_queries: int, queries, positives, norm,
+def scoring_pass(parts: tuple, plan: Plan, scoring: Scoring, n_queries: int, queries, positives, run, meta,
                  start: int, stop: int, pass_name: str = "scoring"):
-    """Delayed RankState of one block of ``n_queries`` queries over gallery rows [start, stop): a
+    """Delayed StatState of one block of ``n_queries`` queries over extended rows [start, stop): a
     chain of chunks per worker, the chains' states merged at the end."""
-    chunks = plan.gallery_ranges(stop, start)
+    chunks = [(part, a, min(b, stop - part.offset)) for part, a, b in gallery_chunks(plan, parts, start)
+              if part.offset + a < stop]
+    aux = delayed(prepare)(scoring.statistics, meta, queries, positives)
     chains = [None] * max(1, min(plan.workers, len(chunks)))
-    for i, (a, b) in enumerate(chunks):
+    for i, (part, a, b) in enumerate(chunks):
         chains[i % len(chains)] = delayed(score_chunk)(
-            gallery, a, b, queries, positives, scoring, norm, chains[i % len(chains)],
-            dask_key_name=work_key(pass_name, distance_work(gallery, n_queries, a, b)),
+            part, a, b, queries, positives, aux, scoring, run, chains[i % len(chains)],
+            dask_key_name=work_key(pass_name, distance_work(part.fs, n_queries, a, b)),
         )
-    return tree_reduce(chains, RankState.merge)
+    return tree_reduce(chains, StatState.merge)
 
 
-def scoring_work(query: FeatureSet, gallery: FeatureSet, plan: Plan, n_queries: int, start: int, stop: int) -> int:
-    """The work of scoring ``n_queries`` queries over gallery rows [start, stop): ``scoring_pass`` and
-    ``load_queries`` of each query block."""
-    return sum(read_work(rows_bytes(query, b - a)) + distance_work(gallery, b - a, start, stop)
+def scoring_work(query: FeatureSet, parts: tuple, plan: Plan, n_queries: int, start: int, stop: int) -> int:
+    """The work of scoring ``n_queries`` queries over extended rows [start, stop): ``scoring_pass``
+    and ``load_queries`` of each query block."""
+    return sum(read_work(rows_bytes(query, b - a)) + distance_work(parts[0].fs, b - a, start, stop)
                for a, b in plan.query_ranges(n_queries))
 
 
-def build(query: FeatureSet, gallery: FeatureSet, plan: Plan, scoring: Scoring):
-    """The full evaluation, one delayed (Positives per query block, RankState per query block,
-    global DistanceRange or None).
+def build(query: FeatureSet, parts: tuple, plan: Plan, scoring: Scoring, meta: Metadata):
+    """The full evaluation, one delayed (Positives per query block, StatState per query block, per
+    trial DistanceRange or None).
 
-    With ``minmax`` GOM normalisation the range is a first pass over all pairs; every scoring task
-    waits for it.
+    With ``minmax`` GOM normalisation the ranges are a first pass over all pairs; every scoring
+    task waits for them.
     """
-    blocks = positives_pass(query, gallery, plan, scoring)
+    blocks = positives_pass(query, parts, plan, scoring, meta)
+    sizes = [block_size(rows) for rows in query_blocks(plan, None, len(query))]
     minmax = scoring.gom is not None and scoring.gom.norm == "minmax"
-    dist_range = range_pass(query, gallery, plan, scoring, blocks) if minmax else None
-    norm = delayed(normalisation)(scoring.gom, dist_range)
-    sizes = block_sizes(plan, len(query))
-    states = [scoring_pass(gallery, plan, scoring, n_queries, queries, positives, norm, 0, len(gallery))
+    dist_ranges = range_pass(parts, plan, scoring, meta, blocks, sizes) if minmax else None
+    run = delayed(PassContext)(delayed(normalisations)(scoring.gom, dist_ranges, scoring.n_trials), meta)
+    end = extended_rows(parts)
+    states = [scoring_pass(parts, plan, scoring, n_queries, queries, positives, run, meta, 0, end)
               for n_queries, (queries, positives) in zip(sizes, blocks)]
-    return delayed(tuple)([[positives for _, positives in blocks], states, dist_range])
+    return delayed(tuple)([[positives for _, positives in blocks], states, dist_ranges])
 
 
-def positives_work(gallery: FeatureSet, start: int, stop: int) -> int:
-    """A positives task's work: reading gallery rows [start, stop), features included (read whenever
-    the rows hold a positive of the query block, the common case)."""
-    return read_work(rows_bytes(gallery, stop - start))
+def positives_work(fs: FeatureSet, start: int, stop: int) -> int:
+    """A positives task's work: reading rows [start, stop), features included (read whenever the
+    rows hold a positive of the query block, the common case)."""
+    return read_work(rows_bytes(fs, stop - start))
 
 
-def distance_work(gallery: FeatureSet, n_queries: int, start: int, stop: int) -> int:
-    """A range or scoring task's work: reading gallery rows [start, stop) and every pair with ``n_queries``."""
-    return read_work(rows_bytes(gallery, stop - start)) + pairs_work(n_queries, stop - start, gallery.dim)
+def distance_work(fs: FeatureSet, n_queries: int, start: int, stop: int) -> int:
+    """A range or scoring task's work: reading rows [start, stop) and every pair with ``n_queries``."""
+    return read_work(rows_bytes(fs, stop - start)) + pairs_work(n_queries, stop - start, fs.dim)
 
 
 def rows_bytes(fs: FeatureSet, n_rows: int, features: bool = True) -> int:
@@ -308,9 +401,10 @@ def rows_bytes(fs: FeatureSet, n_rows: int, features: bool = True) -> int:
     return n_rows * (row + (fs.dim * fs.features.dtype.itemsize if features else 0))
 
 
-def positives_pass_bytes(gallery: FeatureSet, plan: Plan, positives: Positives, start: int, stop: int) -> int:
-    """What one query block's positives pass over gallery rows [start, stop) read: every row's ids,
-    and the features of the chunks holding one of the block's positives."""
+def positives_pass_bytes(plan: Plan, parts: tuple, positives: Positives, start: int, stop: int) -> int:
+    """What one query block's positives pass over extended rows [start, stop) read: every row's
+    ids, and the features of the chunks holding one of the block's positives."""
+    fs = parts[0].fs
     chunks = np.unique((positives.gidx[positives.gidx >= start] - start) // plan.gallery_chunk)
     feature_rows = int(np.minimum(plan.gallery_chunk, stop - start - chunks * plan.gallery_chunk).sum())
-    return rows_bytes(gallery, stop - start, features=False) + rows_bytes(gallery, feature_rows)
+    return rows_bytes(fs, stop - start, features=False) + rows_bytes(fs, feature_rows)

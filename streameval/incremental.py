@@ -6,30 +6,35 @@ evaluation, because it rebuilds exactly the integer state a full evaluation woul
 
 1. **New rows, discovery** (gallery rows [n0, n1) only): every query's new positives and junk (the
    positives pass) and, with ``minmax`` GOM normalisation, the distance range of the new pairs.
-2. **What the old rows owe.**  A query with a new positive had its old slot counts taken against
-   other positives (a new positive splits a slot, and negatives past the old last positive start to
-   count): its old rows are re-scored.  With ``minmax``, a new global minimum or maximum moves
-   every threshold, so every query's histogram of the old rows is stale: all queries' old rows are
-   re-scored, and the result says so.  Otherwise (and always with ``fixed`` / ``none``) the old
-   counts stand.
+2. **What the old rows owe.**  A query with a new positive had its old counts taken against other
+   positives (a new positive splits a slot, negatives past the old last positive start to count,
+   and an identity-dedup list holds the identities before the first positive): its old rows are
+   re-scored.  With ``minmax``, a new minimum or maximum distance moves every threshold, so every
+   query's histogram of the old rows is stale: all queries' old rows are re-scored, and the result
+   says so.  Otherwise (and always with ``fixed`` / ``none``) the old counts stand.
 3. **Scoring**: the new rows of every query against the merged positives, plus the old rows of the
-   re-scored queries.  New state = (re-scored ? their old-rows state : the saved state) + new-rows
-   state, saved atomically as the state's next version.
+   re-scored queries.  New state = (re-scored ? their old-rows state : the saved state) merged with
+   the new-rows state (``StatState.merge``, field by field), saved atomically as the state's next
+   version.
+
+Only protocols whose old counts survive an append keep a state (``statestore.check_updatable``): no
+trials, no sgs draws, no query copies in the gallery - so the extended gallery is the stored one.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import numpy as np
 from dask import delayed
 
-from . import graph
-from .evaluate import Execution, Runner, Settings, _as_store, make_result, session
-from .gom import DistanceRange
+from . import graph, metadata
+from .evaluate import PROTOCOL_OPTIONS, Execution, Runner, Settings, _as_store, make_result, session
 from .progress import Phases
-from .state import Positives, QueryState, RankState
-from .statestore import check_matches, load_state, save_state
+from .state import Positives, QueryState
+from .statestore import check_matches, check_updatable, load_state, save_state
+from .statistics import StatState
 from .store import Store
 
 
@@ -38,8 +43,7 @@ def update(
     state: str | os.PathLike,
     *,
     metric: str | None = None,
-    protocol: str | None = None,
-    junk_pids=None,
+    protocol=None,
     max_rank: int | None = None,
     precision: str | None = None,
     no_gom: bool | None = None,
@@ -47,86 +51,113 @@ def update(
     gom_bins: int | None = None,
     gom_b: int | None = None,
     gom_vp: str | None = None,
+    std_ddof: int | None = None,
     storage_options: dict | None = None,
-    **execution,
+    **options,
 ):
     """Extend the state saved at ``state`` to every committed gallery row of ``data`` (a store path,
     URL or :class:`~streameval.store.Store`) and return the :class:`~streameval.metrics.Result`,
     equal to a full ``evaluate`` of the store.
 
-    Options default to the state's.  ``max_rank``, ``gom_b`` and ``gom_vp`` may differ (they only
-    shape the report); the others decide the counts, and a value different from the state's is
-    refused (StateError), as is a state of other queries or of a gallery that shrank or was
-    rewritten.  The ``execution`` keywords are those of ``evaluate``.
+    Options default to the state's; ``protocol`` (a preset name, a protocol file, a Protocol) and
+    its overrides (``junk_pids``, ``denominator``, ``cmc``, ...) are those of ``evaluate``.
+    ``max_rank``, ``gom_b``, ``gom_vp`` and ``std_ddof`` may differ (they only shape the report;
+    ``max_rank`` not with an identity-dedup CMC, whose state is that long); any other difference,
+    a protocol field included, is refused (StateError naming it), as is a state of other queries or
+    of a gallery that shrank or was rewritten.  The other keywords are ``evaluate``'s execution
+    keywords.
     """
     phases = Phases()
-    execution = Execution.from_options("update", execution)
+    overrides = {key: options.pop(key) for key in PROTOCOL_OPTIONS if key in options}
+    execution = Execution.from_options("update", options)
     store = _as_store(data, storage_options)
     phases.lap("setup")
     saved = load_state(state)
     phases.lap("loading state")
-    given = dict(metric=metric, protocol=protocol, junk_pids=junk_pids, max_rank=max_rank, precision=precision,
-                 no_gom=no_gom, gom_norm=gom_norm, gom_bins=gom_bins, gom_b=gom_b, gom_vp=gom_vp)
-    settings = Settings.parse(store, **{**saved.options, **{k: v for k, v in given.items() if v is not None}})
+    given = dict(metric=metric, protocol=protocol, max_rank=max_rank, precision=precision, no_gom=no_gom,
+                 gom_norm=gom_norm, gom_bins=gom_bins, gom_b=gom_b, gom_vp=gom_vp, std_ddof=std_ddof)
+    settings = Settings.parse(store, **{**saved.options, **{k: v for k, v in given.items() if v is not None}},
+                              **overrides)
+    check_updatable(settings)
     query_hash = check_matches(saved, store, settings)
-    old = saved.query_state
+    parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
+    meta = metadata.build(store.query, parts, settings.rules)  # Metadata(): updatable protocols draw nothing
+    # the saved counts under this run's statistics (the same fields: check_matches compared the options)
+    old = replace(saved.query_state, stats=StatState(settings.statistics(meta, store.dim),
+                                                     saved.query_state.stats.arrays))
     with session(store, settings, execution, phases, label="streameval update") as runner:
-        if len(store.gallery) == old.gallery_rows:
+        if graph.extended_rows(parts) == old.gallery_rows:
             new, facts, read, pairs = old, _facts(old, old, np.empty(0), np.empty(0)), 0, 0
         else:
-            new, facts, read, pairs = extend(store, settings, runner, old)
+            new, facts, read, pairs = extend(store, settings, runner, old, parts, meta)
     if new is not old:
         save_state(state, store, settings, new, query_hash)
         phases.lap("saving state")
-    return make_result(store, settings, new, runner, read, pairs, update=facts)
+    return make_result(store, settings, new, runner, read, pairs, meta, update=facts)
 
 
-def extend(store: Store, settings: Settings, runner: Runner, old: QueryState):
-    """(state over every committed gallery row, facts about the update, bytes read, pairs scored)."""
-    scoring = settings.scoring(store.dim)
-    plan, gallery, n0, n1 = runner.plan, store.gallery, old.gallery_rows, len(store.gallery)
-    blocks = graph.positives_pass(store.query, gallery, plan, scoring, start=n0)
-    new_range = graph.range_pass(store.query, gallery, plan, scoring, blocks, start=n0) if settings.minmax else None
-    runner.expect("scoring", graph.scoring_work(store.query, gallery, plan, len(store.query), n0, n1))
+def extend(store: Store, settings: Settings, runner: Runner, old: QueryState, parts: tuple, meta: graph.Metadata):
+    """(state over every row of the extended gallery ``parts``, facts about the update, bytes read,
+    pairs scored)."""
+    scoring = settings.scoring(store.dim, meta)
+    plan, n0, n1 = runner.plan, old.gallery_rows, graph.extended_rows(parts)
+    blocks = graph.positives_pass(store.query, parts, plan, scoring, meta, start=n0)
+    sizes = [graph.block_size(rows) for rows in graph.query_blocks(plan, None, len(store.query))]
+    new_range = graph.range_pass(parts, plan, scoring, meta, blocks, sizes, start=n0) if settings.minmax else None
+    runner.expect("scoring", graph.scoring_work(store.query, parts, plan, len(store.query), n0, n1))
     found, new_range = runner.compute(delayed(tuple)([[positives for _, positives in blocks], new_range]))
     new_positives = Positives.concat(found)
     merged = old.positives.union(new_positives)
     affected = np.flatnonzero(new_positives.counts > 0)
-    dist_range = DistanceRange.merge(old.dist_range, new_range) if settings.minmax else None
+    dist_range = graph.merge_ranges(old.dist_range, new_range) if settings.minmax else None
     everyone = np.arange(len(store.query))
-    rescored = everyone if dist_range != old.dist_range else affected
-    norm = graph.normalisation(settings.gom, dist_range)
+    rescored = everyone if dist_range != old.dist_range else affected  # any trial's range moved
+    run = graph.PassContext(graph.normalisations(settings.gom, dist_range, settings.n_trials), meta)
 
     def score(queries: np.ndarray, start: int, stop: int, pass_name: str):
-        return [graph.scoring_pass(gallery, plan, scoring, graph.block_size(rows),
-                                   graph.load_queries(store.query, rows, scoring, pass_name),
-                                   delayed(merged.take(rows)), norm, start, stop, pass_name)
+        return [graph.scoring_pass(parts, plan, scoring, graph.block_size(rows),
+                                   graph.load_queries(store.query, rows, scoring, meta, pass_name),
+                                   delayed(merged.take(rows)), run, meta, start, stop, pass_name)
                 for rows in graph.query_blocks(plan, queries, len(queries))]
 
     new_rows, old_rows = runner.compute(delayed(tuple)([score(everyone, n0, n1, "scoring"),
                                                         score(rescored, 0, n0, "rescoring")]))
     kept = np.setdiff1d(everyone, rescored)
-    pieces = [(kept, old.ranks.take(old.positives.offsets, kept))]
+    pieces = [(kept, old.stats.take(old.positives.offsets, kept))]
     if rescored.size:
-        pieces.append((rescored, RankState.concat(old_rows)))
-    base = RankState.scatter(merged.offsets, old.ranks.neg_hist.shape[1], pieces)
-    new = QueryState(merged, RankState.merge(base, RankState.concat(new_rows)), dist_range, n1)
+        pieces.append((rescored, StatState.concat(old_rows)))
+    base = StatState.scatter(scoring.statistics, merged.offsets, pieces)
+    new = QueryState(merged, StatState.merge(base, StatState.concat(new_rows)), dist_range, n1)
+    read = _bytes_read(store, settings, plan, parts, found, old_rows, n0, n1, rescored.size)
+    return new, _facts(old, new, affected, rescored), read, len(store.query) * (n1 - n0) + rescored.size * n0
+
+
+def _bytes_read(store: Store, settings: Settings, plan, parts: tuple, found: list, old_rows: list, n0: int, n1: int,
+                n_rescored: int) -> int:
+    """What the update read: per query block the new rows' positives pass, range pass (minmax) and
+    scoring pass, the old rows of each re-scored block, and the queries of every pass (all of them
+    for the discovery passes and for the scoring, the re-scored ones again)."""
+    gallery = parts[0].fs
     passes = 2 if settings.minmax else 1
-    read = sum(graph.positives_pass_bytes(gallery, plan, block, n0, n1) for block in found) + len(found) * (
-        passes * graph.rows_bytes(gallery, n1 - n0)) + len(old_rows) * graph.rows_bytes(gallery, n0)
-    read += (len(found) + len(old_rows)) * graph.rows_bytes(store.query, min(plan.query_block, len(store.query)))
-    pairs = len(store.query) * (n1 - n0) + rescored.size * n0
-    return new, _facts(old, new, affected, rescored), read, pairs
+    read = sum(graph.positives_pass_bytes(plan, parts, block, n0, n1) for block in found)
+    read += len(found) * passes * graph.rows_bytes(gallery, n1 - n0) + len(old_rows) * graph.rows_bytes(gallery, n0)
+    return read + graph.rows_bytes(store.query, 2 * len(store.query) + n_rescored)
 
 
 def _facts(old: QueryState, new: QueryState, affected: np.ndarray, rescored: np.ndarray) -> dict:
     """What the update did, for the report and the JSON."""
-    def span(r):
-        return None if r is None else [r.lo, r.hi]
-
     return {
         "rows_before": old.gallery_rows, "rows_added": new.gallery_rows - old.gallery_rows,
         "queries_with_new_positives": int(affected.size), "queries_rescored": int(rescored.size),
-        "range_before": span(old.dist_range), "range_after": span(new.dist_range),
+        "range_before": _span(old.dist_range), "range_after": _span(new.dist_range),
         "range_moved": old.dist_range != new.dist_range,
     }
+
+
+def _span(ranges: list | None) -> list | None:
+    """The minmax range as [lo, hi] (None without minmax, or without pairs).  A state holds one
+    trial (``check_updatable``), so one range."""
+    if ranges is None:
+        return None
+    (only,) = ranges
+    return [only.lo, only.hi] if only.lo <= only.hi else None

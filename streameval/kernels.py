@@ -176,7 +176,7 @@ def pair_distances(qf, gf, qrows, grows, qa, ga, metric):
 
 
 @_inline
-def _positives_before(pos_d, pos_g, lo, hi, d, g):
+def positives_before(pos_d, pos_g, lo, hi, d, g):
     """Number of positives in pos[lo:hi] ordered before the item (d, g): a lower bound search."""
     start = lo
     while lo < hi:
@@ -219,64 +219,6 @@ def threshold_bin(dn, n_bins):
     return k
 
 
-@_jit
-def score_block(dots, qf, gf, qa, ga, qn, gn, metric, c_dot, c_bins, q_pid, g_pid, g_junk, g_start,
-                pos_off, pos_d, pos_g, neg_slots, with_gom, norm_mode, lo, span, n_bins, neg_hist, clipped, pair_range):
-    """Add this chunk's negatives to the ranking slots and, with GOM, to the threshold histograms.
-
-    dots: (qb, gc) GEMM dot products of the query block ``qf`` with the gallery chunk ``gf``
-    starting at global row ``g_start``.  A gallery item is a negative of query i when it is not junk
-    (``g_junk``) and its pid differs from the query's (same-pid items are positives or same-camera
-    junk).
-
-    * ``neg_slots`` (see the module docstring): only negatives ordered before the query's last
-      positive are counted, later ones change no rank.
-    * ``neg_hist[i, k]`` (with_gom): negatives first returned at threshold tau_k
-      (k = n_bins + 1: never returned).
-    * ``clipped[i]``, ``pair_range[i]`` (with_gom, when they have columns: fixed normalisation):
-      negatives whose d~ was clipped up to 0 (distance below LO) and down to 1 (above HI), as their
-      threshold was decided, and the (canonical) min and max distance of all the query's pairs.
-
-    Decisions use the fast distance unless its window straddles a positive (bound ``c_dot``) or a
-    threshold or LO or HI (bound ``c_bins``); then the canonical distance.  Rows are done in simple
-    loops so the first two vectorise.
-    """
-    nq, ng = dots.shape
-    dist = np.empty(ng, dtype=np.float64)
-    bins = np.empty(ng, dtype=np.int64)
-    gn_max = gn.max() if ng else 0.0
-    for i in range(nq):
-        qp = q_pid[i]
-        qai = qa[i]
-        qni = qn[i]
-        for j in range(ng):
-            dist[j] = pair_distance(dots[i, j], qai, ga[j], metric)
-        if with_gom:
-            _threshold_bins(dist, qf, gf, i, qai, ga, qni, gn, metric, c_bins, norm_mode, lo, span, n_bins,
-                            clipped.shape[1] > 0, bins)
-            for j in range(ng):
-                neg_hist[i, bins[j]] += (g_pid[j] != qp) & (g_junk[j] == 0)
-            if clipped.shape[1]:
-                _count_clipped(dist, qp, g_pid, g_junk, lo, span, clipped[i])
-                _settle_extremes(dist, qf, gf, i, qai, ga, qni, gn_max, metric, c_dot, pair_range[i])
-        lo_pos = pos_off[i]
-        hi_pos = pos_off[i + 1]
-        if hi_pos == lo_pos:
-            continue
-        reach = pos_d[hi_pos - 1] + distance_window(0.0, qni, gn_max, metric, c_dot)  # no window is wider
-        for j in range(ng):
-            if dist[j] <= reach:  # rare: negatives past the last positive change no rank
-                if (g_pid[j] != qp) & (g_junk[j] == 0):
-                    g = g_start + j
-                    w = distance_window(dist[j], qni, gn[j], metric, c_dot)
-                    slot = _positives_before(pos_d, pos_g, lo_pos, hi_pos, dist[j] - w, g)
-                    if slot != _positives_before(pos_d, pos_g, lo_pos, hi_pos, dist[j] + w, g):
-                        exact = canonical_distance(qf, gf, i, j, qai, ga[j], metric)
-                        slot = _positives_before(pos_d, pos_g, lo_pos, hi_pos, exact, g)
-                    if slot < hi_pos - lo_pos:
-                        neg_slots[lo_pos + slot] += 1
-
-
 @_inline
 def clip_side(d, lo, span):
     """-1 when affine normalisation clips ``d`` up to 0 (below LO), 1 when down to 1 (above HI), else 0.
@@ -286,68 +228,6 @@ def clip_side(d, lo, span):
     rounds above 1) and < 0 exactly when d < lo.
     """
     return np.int64(d - lo > span) - np.int64(d < lo)
-
-
-@_inline
-def _threshold_bins(dist, qf, gf, i, qai, ga, qni, gn, metric, c_bins, norm_mode, lo, span, n_bins, sides, bins):
-    """bins[j]: the GOM threshold that first returns gallery item j of row i.
-
-    Where the window does not decide the bin (or, with ``sides``, the side of LO and HI:
-    ``clip_side``), ``dist[j]`` is replaced by the canonical distance the bin was decided on (a
-    window around it still holds).
-    """
-    ng = dist.shape[0]
-    if c_bins == 0.0:
-        for j in range(ng):
-            bins[j] = threshold_bin(normalise(dist[j], norm_mode, lo, span), n_bins)
-        return
-    for j in range(ng):
-        w = distance_window(dist[j], qni, gn[j], metric, c_bins)
-        k = threshold_bin(normalise(dist[j] - w, norm_mode, lo, span), n_bins)
-        if (k != threshold_bin(normalise(dist[j] + w, norm_mode, lo, span), n_bins)) | (
-                sides and clip_side(dist[j] - w, lo, span) != clip_side(dist[j] + w, lo, span)):
-            dist[j] = canonical_distance(qf, gf, i, j, qai, ga[j], metric)
-            k = threshold_bin(normalise(dist[j], norm_mode, lo, span), n_bins)
-        bins[j] = k
-
-
-@_inline
-def _count_clipped(dist, qp, g_pid, g_junk, lo, span, clipped):
-    """Add one row's negatives below LO and above HI (``clip_side``) to ``clipped``."""
-    below = 0
-    above = 0
-    for j in range(dist.shape[0]):
-        negative = (g_pid[j] != qp) & (g_junk[j] == 0)
-        side = clip_side(dist[j], lo, span)
-        below += negative & (side < 0)
-        above += negative & (side > 0)
-    clipped[0] += below
-    clipped[1] += above
-
-
-@_inline
-def _settle_extremes(dist, qf, gf, i, qai, ga, qni, gn_max, metric, c_dot, extremes):
-    """Lower ``extremes[0]`` / raise ``extremes[1]`` to row i's canonical min / max distance.
-
-    The pair with the canonical minimum has a fast distance within its window of it, hence within
-    two windows of the fast minimum: those pairs are settled canonically, unless none of them can
-    lower ``extremes[0]`` (and the same for the maximum).  Exact, in any chunk order.
-
-    ``reach`` bounds every window involved: a window shrinks as the fast distance grows (but for
-    its 4u d term, bounded at the row's maximum), so the one at the row's fast minimum, with the
-    largest gallery norm, is the widest.  (The window at distance 0, the bound for any row, is
-    orders of magnitude wider in high dimension and made nearly every chunk settle many pairs.)
-    """
-    low, high = _extremes(dist)
-    reach = distance_window(low, qni, gn_max, metric, c_dot) + 4.0 * U64 * high
-    if low - reach < extremes[0]:
-        for j in range(dist.shape[0]):
-            if dist[j] <= low + 2.0 * reach:
-                extremes[0] = min(extremes[0], canonical_distance(qf, gf, i, j, qai, ga[j], metric))
-    if high + reach > extremes[1]:
-        for j in range(dist.shape[0]):
-            if dist[j] >= high - 2.0 * reach:
-                extremes[1] = max(extremes[1], canonical_distance(qf, gf, i, j, qai, ga[j], metric))
 
 
 @nb.njit(nogil=True, cache=True, fastmath={"nnan", "nsz"})

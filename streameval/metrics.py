@@ -1,13 +1,16 @@
 """From per-query counts to the reported metrics (METRICS.md section 3), last step of the pipeline.
 
-Closed-set metrics average over Q+ (queries with at least one positive):
+Closed-set metrics average over Q+ (queries with at least one positive; under the ``zero``
+denominator policy, PROTOCOLS.md 1.4, the sums are divided by all the trial's queries instead):
 
-* ``cmc[k-1]`` (CMC@k) = |{q in Q+ : r_1(q) <= k}| / |Q+|, k = 1..max_rank
+* ``cmc[k-1]`` (CMC@k) = |{q in Q+ : r_1(q) <= k}| / |Q+|, k = 1..max_rank (r_1: the rank of the
+  protocol's CMC flavour: first hit, identity-dedup rho, or sgs)
 * ``mAP``            = mean over Q+ of AP(q) = (1/n) sum_j j / r_j
 * ``mAP_trapezoid``  = mean over Q+ of (1/n) sum_j ((j-1)/(r_j-1) + j/r_j) / 2
 * ``mINP``           = mean over Q+ of n / r_n
 
-With Q+ empty every closed-set value is None (and the report says so).
+With Q+ empty every closed-set value is None (and the report says so).  ``trials.py`` computes
+them per trial (or sgs repeat) and their spread.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import numpy as np
 from . import __version__, kernels
 from .choices import RESULT_SCHEMA
 
-PER_QUERY_FIELDS = ("ap", "ap_trapezoid", "inp", "first_hit_rank", "n_positives")
 
 
 @dataclass
@@ -41,6 +43,12 @@ class Result:
     options: dict = field(default_factory=dict)
     run: dict = field(default_factory=dict)
     gom: dict | None = None
+    protocol_record: dict | None = None  # the resolved protocol (PROTOCOLS.md section 1)
+    cmc_flavour: str = "first-hit"
+    cmc_first_hit: list | None = None  # when the flavour is another
+    cmc_sgs_expected: list | None = None  # sgs mode both
+    trials: dict | None = None  # per trial (or sgs repeat) values and their spread; headline = means
+    directions: dict | None = None  # regdb: each direction's result
 
     def rank(self, k: int) -> float | None:
         """CMC@k for an integer 1 <= k <= max_rank; None when no query has a positive (Q+ empty)."""
@@ -81,8 +89,9 @@ class Result:
             "n_open_queries": self.n_open_queries,
             "n_gallery": self.n_gallery,
             "metric": self.metric,
-            "protocol": self.protocol,
+            "protocol": self.protocol_record or {"name": self.protocol},
             "max_rank": self.max_rank,
+            "cmc_flavour": self.cmc_flavour,
             "cmc": None if self.cmc is None else [float(v) for v in self.cmc],
             "rank1": self._rank_or_none(1),
             "rank5": self._rank_or_none(5),
@@ -90,12 +99,16 @@ class Result:
             "mAP": self.mAP,
             "mAP_trapezoid": self.mAP_trapezoid,
             "mINP": self.mINP,
+            "cmc_first_hit": self.cmc_first_hit,
+            "cmc_sgs_expected": self.cmc_sgs_expected,
             "gom": self.gom,
+            "trials": self.trials,
+            "directions": self.directions,
             "options": self.options,
             "run": self.run,
         }
         if per_query:
-            out["per_query"] = {name: _json_list(self.per_query[name]) for name in PER_QUERY_FIELDS}
+            out["per_query"] = {name: _json_list(values) for name, values in self.per_query.items()}
         return out
 
 
@@ -110,37 +123,41 @@ def _short(value) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
-def _json_list(values: np.ndarray) -> list:
-    """NaN (open-set queries) becomes null so the JSON stays standard."""
+def _json_list(values: np.ndarray):
+    """NaN (open-set queries) becomes null so the JSON stays standard (per trial: a list per trial)."""
+    if values.ndim > 1:
+        return [_json_list(row) for row in values]
     return [None if isinstance(v, float) and v != v else v for v in values.tolist()]
 
 
-def query_values(positives, ranks) -> dict:
-    """Per-query first-hit rank, AP (both conventions), INP and number of positives, from the counts
-    (``state.Positives``, ``state.RankState``); open-set queries get rank -1 and NaN."""
+def query_values(positives, slots: np.ndarray) -> dict:
+    """Per-query first-hit rank, AP (both conventions), INP and number of positives, from the slot
+    counts of one trial (``statistics.slots.restrict``); queries without positives get rank -1 and NaN."""
     n = positives.n_queries
     out = {"first_hit_rank": np.empty(n, dtype=np.int64), "ap": np.empty(n), "ap_trapezoid": np.empty(n),
            "inp": np.empty(n)}
-    kernels.rank_summaries(positives.offsets, ranks.neg_slots, out["first_hit_rank"], out["ap"], out["ap_trapezoid"],
-                           out["inp"])
+    kernels.rank_summaries(positives.offsets, slots, out["first_hit_rank"], out["ap"], out["ap_trapezoid"], out["inp"])
     out["n_positives"] = positives.counts
     return out
 
 
-def cmc_curve(first_hit_rank: np.ndarray, max_rank: int) -> np.ndarray:
-    """CMC@k for k = 1..max_rank over the given (valid) queries' first-hit ranks."""
-    hits = np.bincount(np.minimum(first_hit_rank, max_rank + 1) - 1, minlength=max_rank + 1)[:max_rank]
-    return np.cumsum(hits) / first_hit_rank.shape[0]
+def cmc_curve(ranks: np.ndarray, max_rank: int, denominator: int) -> np.ndarray:
+    """CMC@k for k = 1..max_rank: the share of ``denominator`` queries whose rank (of the valid
+    queries' ``ranks``) is at most k."""
+    hits = np.bincount(np.minimum(ranks, max_rank + 1) - 1, minlength=max_rank + 1)[:max_rank]
+    return np.cumsum(hits) / denominator
 
 
-def closed_set(per_query: dict, max_rank: int) -> dict:
-    """Aggregate per-query values over Q+; None everywhere when Q+ is empty."""
-    valid = per_query["n_positives"] > 0
+def closed_set(per_query: dict, valid: np.ndarray, n_counted: int, max_rank: int, ranks: np.ndarray | None = None) -> dict:
+    """Closed-set aggregates over ``valid`` queries, divided by ``n_counted`` (|Q+| under the skip
+    policy, all the trial's queries under zero); ``ranks``: the CMC flavour's rank per query
+    (default: the first-hit rank).  None everywhere when Q+ is empty."""
     if not valid.any():
         return {"cmc": None, "mAP": None, "mAP_trapezoid": None, "mINP": None}
+    ranks = per_query["first_hit_rank"] if ranks is None else ranks
     return {
-        "cmc": cmc_curve(per_query["first_hit_rank"][valid], max_rank),
-        "mAP": float(per_query["ap"][valid].mean()),
-        "mAP_trapezoid": float(per_query["ap_trapezoid"][valid].mean()),
-        "mINP": float(per_query["inp"][valid].mean()),
+        "cmc": cmc_curve(ranks[valid], max_rank, n_counted),
+        "mAP": float(per_query["ap"][valid].sum() / n_counted),
+        "mAP_trapezoid": float(per_query["ap_trapezoid"][valid].sum() / n_counted),
+        "mINP": float(per_query["inp"][valid].sum() / n_counted),
     }

@@ -1,74 +1,129 @@
-"""Who is junk, positive or negative for a query (METRICS.md section 2), and the positives' order.
+"""Who is kept, positive or negative for a query (PROTOCOLS.md section 1.2), from ids alone.
 
-* Junk: gallery items whose pid is in ``junk_pids``, and, with protocol ``market``, items with the
-  query's pid AND camera.  Junk is ignored by the ranking metrics.
-* Positives: non-junk items with the query's pid.  Negatives: every other non-junk item.
+The protocol is a record (``protocols.record.Protocol``); this module applies it to rows:
 
-Positives are few (a handful per query), so they are found first, from ids alone, and their exact
-distances computed pair by pair (``state.Positives`` keeps them sorted by ``(distance, gallery
-index)``: the order every later count is taken against).
+* ``Rules``: the record's junk pids, camera relations and restrictions as arrays and small tables.
+  The kernels get a camera relation as a table over the cameras of a query block and a gallery
+  chunk (``camera_table``: one lookup per pair), never as a code path of its own.
+* ``positive_pairs``: the positives of a query block in a chunk (same pid, kept), and each query's
+  excluded rows per trial (its "junk", which GOM returns at tau = 1).
+
+A gallery row g is kept for query q (in trial t) iff it is in the trial's gallery, its pid is not a
+junk pid, not (same pid and (c(q), c(g)) in x_same), (c(q), c(g)) not in x_any, and it is not q's
+own copy (with ``gallery_includes_queries``).  Positives are the kept rows with q's pid.
 """
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 import numpy as np
 
-from .choices import INT64_MAX, INT64_MIN, PROTOCOLS
-from .errors import OptionError
+from .choices import INT64_MAX
 
+
+def relation_matrix(relation, q_cams: np.ndarray, g_cams: np.ndarray) -> np.ndarray:
+    """bool (len(q_cams), len(g_cams)): whether each (query camera, gallery camera) pair is in
+    ``relation`` (a ``protocols.record.CameraRelation``)."""
+    q_cams = np.asarray(q_cams, dtype=np.int64)[:, None]
+    g_cams = np.asarray(g_cams, dtype=np.int64)[None, :]
+    inside = np.zeros((q_cams.shape[0], g_cams.shape[1]), dtype=bool)
+    if relation.equal:
+        inside |= q_cams == g_cams
+    for qc, gc in relation.pairs:
+        inside |= (q_cams == qc) & (g_cams == gc)
+    return inside
+
+
+def camera_table(relation, q_cam: np.ndarray, g_cam: np.ndarray):
+    """(query camera index, gallery camera index, uint8 table): table[q_cix[i], g_cix[j]] = 1 when
+    the pair (q_cam[i], g_cam[j]) is in ``relation``."""
+    q_codes, q_cix = np.unique(q_cam, return_inverse=True)
+    g_codes, g_cix = np.unique(g_cam, return_inverse=True)
+    table = relation_matrix(relation, q_codes, g_codes).astype(np.uint8)
+    if table.size == 0:
+        table = np.zeros((1, 1), dtype=np.uint8)
+    return q_cix.astype(np.int64), g_cix.astype(np.int64), table
+
+
+def in_relation(relation, q_cam: np.ndarray, g_cam: np.ndarray) -> np.ndarray:
+    """Elementwise: whether each pair (q_cam[k], g_cam[k]) is in ``relation``."""
+    inside = np.zeros(np.broadcast(q_cam, g_cam).shape, dtype=bool)
+    if relation.equal:
+        inside |= q_cam == g_cam
+    for qc, gc in relation.pairs:
+        inside |= (q_cam == qc) & (g_cam == gc)
+    return inside
 
 
 @dataclass(frozen=True)
-class Protocol:
-    """``camera_filter``: same-pid same-camera items are junk (protocol ``market``)."""
+class Rules:
+    """The record as the engine applies it; ``n_stored``: stored gallery rows (the index of query
+    0's copy when queries are included)."""
 
-    camera_filter: bool
+    protocol: object
     junk_pids: np.ndarray
+    n_trials: int
 
     @classmethod
-    def from_options(cls, protocol: str, junk_pids) -> "Protocol":
-        if protocol not in PROTOCOLS:
-            raise OptionError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
-        return cls(camera_filter=protocol == "market", junk_pids=np.unique(np.asarray(_junk_list(junk_pids), dtype=np.int64)))
+    def of(cls, protocol) -> "Rules":
+        return cls(protocol, np.asarray(protocol.junk_pids, dtype=np.int64),
+                   protocol.trials.count if protocol.trials else 1)
 
     def junk_mask(self, g_pid: np.ndarray) -> np.ndarray:
-        """uint8 flag per gallery item: 1 when its pid is a junk pid (junk for every query)."""
+        """uint8 flag per gallery row: 1 when its pid is a junk pid (excluded for every query)."""
         return np.isin(g_pid, self.junk_pids).astype(np.uint8)
 
-    def positive_pairs(self, q_pid, q_cam, g_pid, g_cam, g_junk):
-        """Positive pairs between a query block and a chunk, and each query's junk count there.
+    def camera_bits(self, cams: np.ndarray, allowed) -> np.ndarray:
+        """Trial bits of rows without drawn trials: all T bits for rows whose camera is allowed."""
+        every = np.uint64((1 << self.n_trials) - 1) if self.n_trials < 64 else np.uint64(INT64_MAX * 2 + 1)
+        inside = np.ones(cams.shape, dtype=bool) if allowed is None else np.isin(cams, np.asarray(allowed))
+        return np.where(inside, every, np.uint64(0)).astype(np.uint64)
 
-        Returns (query rows, gallery rows, junk per query): junk pids plus, under ``market``,
-        same-pid same-camera items.
+    def positive_pairs(self, q_pid, q_cam, q_index, q_bits, g_pid, g_cam, g_bits, g_start: int, own_start):
+        """Positive pairs between a query block and a chunk of the extended gallery, with each
+        pair's trial bits, and each query's excluded rows per trial (queries x T).
+
+        ``q_index``: the block's query rows; ``g_start``: the chunk's first extended row;
+        ``own_start``: the extended row of query 0's copy (None when queries are not included).
+        Returns (query positions in the block, extended gallery rows, bits, excluded counts).
         """
-        order = np.argsort(q_pid, kind="stable")
-        sorted_pids = q_pid[order]
-        candidates = np.flatnonzero((g_junk == 0) & np.isin(g_pid, sorted_pids))
-        first = np.searchsorted(sorted_pids, g_pid[candidates], side="left")
-        last = np.searchsorted(sorted_pids, g_pid[candidates], side="right")
-        per_candidate = last - first
-        grows = np.repeat(candidates, per_candidate)
-        # positions first[c], first[c]+1, ..., last[c]-1 for each candidate, flattened
-        starts = np.repeat(first - np.cumsum(per_candidate) + per_candidate, per_candidate)
-        qrows = order[starts + np.arange(grows.shape[0])]
-        junk = np.full(q_pid.shape[0], int(g_junk.sum()), dtype=np.int64)
-        if self.camera_filter:
-            keep = q_cam[qrows] != g_cam[grows]
-            junk += np.bincount(qrows[~keep], minlength=q_pid.shape[0])
-            qrows, grows = qrows[keep], grows[keep]
-        return qrows.astype(np.int64), grows.astype(np.int64), junk
+        p = self.protocol
+        junk = self.junk_mask(g_pid).astype(bool)
+        excluded = _trial_counts(g_bits[junk], self.n_trials)[None, :].repeat(q_pid.shape[0], axis=0)
+        q_codes, q_class = np.unique(q_cam, return_inverse=True)
+        g_codes, g_class = np.unique(g_cam[~junk], return_inverse=True)
+        per_camera = np.stack([_trial_counts(g_bits[~junk][g_class == c], self.n_trials)
+                               for c in range(g_codes.shape[0])]) if g_codes.size else np.zeros((0, self.n_trials))
+        excluded += (relation_matrix(p.x_any, q_codes, g_codes).astype(np.int64) @ per_camera.astype(np.int64))[q_class]
+        qrows, grows = _same_pid_pairs(q_pid, g_pid, ~junk)
+        bits = g_bits[grows] & q_bits[qrows]
+        dropped = in_relation(p.x_any, q_cam[qrows], g_cam[grows])  # counted above
+        own = np.zeros(qrows.shape, dtype=bool) if own_start is None else g_start + grows == own_start + q_index[qrows]
+        gone = ~dropped & (in_relation(p.x_same, q_cam[qrows], g_cam[grows]) | own)
+        for t in range(self.n_trials):
+            excluded[:, t] += np.bincount(qrows[gone], weights=(bits[gone] >> np.uint64(t)) & np.uint64(1),
+                                          minlength=q_pid.shape[0]).astype(np.int64)
+        keep = ~dropped & ~gone & (bits != 0)
+        in_trial = (q_bits[:, None] >> np.arange(self.n_trials, dtype=np.uint64)[None, :]) & np.uint64(1)
+        return qrows[keep], grows[keep], bits[keep], excluded * in_trial.astype(np.int64)
 
 
-def _junk_list(junk_pids) -> list[int]:
-    """The junk pids as Python ints within int64 (the stores' pid type; its minimum is reserved)."""
-    try:
-        pids = [operator.index(p) for p in junk_pids]
-    except TypeError:
-        raise OptionError(f"junk_pids must be integers, got {junk_pids!r}") from None
-    outside = [p for p in pids if not INT64_MIN < p <= INT64_MAX]
-    if outside:
-        raise OptionError(f"junk pid {outside[0]} is outside the pid range (64-bit signed integers above {INT64_MIN})")
-    return pids
+def _trial_counts(bits: np.ndarray, n_trials: int) -> np.ndarray:
+    """Rows in each trial among rows with trial ``bits``."""
+    return np.array([int(((bits >> np.uint64(t)) & np.uint64(1)).sum()) for t in range(n_trials)], dtype=np.int64)
+
+
+def _same_pid_pairs(q_pid: np.ndarray, g_pid: np.ndarray, candidates: np.ndarray):
+    """(query positions, gallery positions) of every pair with equal pids among ``candidates`` rows."""
+    order = np.argsort(q_pid, kind="stable")
+    sorted_pids = q_pid[order]
+    rows = np.flatnonzero(candidates & np.isin(g_pid, sorted_pids))
+    first = np.searchsorted(sorted_pids, g_pid[rows], side="left")
+    last = np.searchsorted(sorted_pids, g_pid[rows], side="right")
+    per_row = last - first
+    grows = np.repeat(rows, per_row)
+    # positions first[c], first[c]+1, ..., last[c]-1 for each row, flattened
+    starts = np.repeat(first - np.cumsum(per_row) + per_row, per_row)
+    qrows = order[starts + np.arange(grows.shape[0])]
+    return qrows.astype(np.int64), grows.astype(np.int64)

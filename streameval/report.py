@@ -15,9 +15,10 @@ def summary(result: Result, label: str = "") -> str:
     run = result.run
     lines = [
         f"streameval {label}".rstrip(),
-        f"  queries {result.n_queries:,} ({result.n_valid_queries:,} with positives, "
-        f"{result.n_open_queries:,} open-set)   gallery {result.n_gallery:,}",
-        f"  metric {result.metric}   protocol {result.protocol}   precision {result.options.get('precision')}",
+        f"  queries {_count(result.n_queries)} ({_count(result.n_valid_queries)} with positives, "
+        f"{_count(result.n_open_queries)} open-set)   gallery {result.n_gallery:,}",
+        f"  metric {result.metric}   protocol {result.protocol}   precision {result.options.get('precision')}"
+        + (f"   CMC {result.cmc_flavour}" if result.cmc_flavour != "first-hit" else ""),
     ]
     if result.n_valid_queries == 0:
         lines.append("  no query has a positive in the gallery: closed-set metrics are undefined")
@@ -28,8 +29,13 @@ def summary(result: Result, label: str = "") -> str:
             "  " + "  ".join(f"{_pct(result.rank(k)):>7}" for k in ranks),
             f"  mAP {_pct(result.mAP)}   mAP (trapezoid) {_pct(result.mAP_trapezoid)}   mINP {_pct(result.mINP)}",
         ]
+    if result.trials is not None:
+        lines += _trial_lines(result.trials)
     if result.gom is not None:
         lines += _gom_lines(result.gom)
+    if result.directions:
+        lines += [f"  direction {name}: rank-1 {_pct(d['rank1'])}   mAP {_pct(d['mAP'])}   mINP {_pct(d['mINP'])}"
+                  for name, d in result.directions.items()]
     if run.get("update"):
         lines.append(_update_line(run["update"], result.n_queries))
     if run:
@@ -39,6 +45,23 @@ def summary(result: Result, label: str = "") -> str:
             phases_line(run["phases"]),
         ]
     return "\n".join(lines)
+
+
+def _count(value) -> str:
+    """A count, or a mean count over trials."""
+    return f"{value:,}" if float(value).is_integer() else f"{value:,.1f}"
+
+
+def _trial_lines(trials: dict) -> list[str]:
+    """The headline values are means over the trials: say so, with their spread."""
+    def pm(name):
+        mean, std = trials["mean"][name], trials["std"][name]
+        if mean is None:
+            return f"{name} n/a"
+        return f"{name} {_pct(mean).strip()}" + ("" if std is None else f" +- {100 * std:.2f}")
+
+    return [f"  means over {trials['T']} trials (std ddof {trials['std_ddof']}): "
+            + "   ".join(pm(name) for name in ("rank1", "rank5", "rank10", "mAP", "mINP"))]
 
 
 PHASE_NOTES = {"passes": "passes (the bar)"}

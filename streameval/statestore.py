@@ -5,25 +5,32 @@ A state directory holds versions; a small pointer file names the live one::
     STATE/
       CURRENT                  the live version's name (vNNNNNN.zarr), one line, replaced atomically (os.replace)
       v000002.zarr/            zarr v3 group, never modified once CURRENT names it
-        attrs  streameval_state = 2; covers (what the counts were taken over, below);
-               options (evaluate's keyword arguments); dist_range ([dmin, dmax] of minmax GOM);
+        attrs  streameval_state = 3; covers (what the counts were taken over, below);
+               options (evaluate's keyword arguments, ``Settings.to_options``); dist_range (per trial,
+               [dmin, dmax] of minmax GOM, null for a trial without pairs; null without minmax);
                checksums (below)
-        positives/offsets (Nq + 1), positives/dist, positives/gidx, positives/junk (Nq)
-        ranks/neg_slots, ranks/neg_hist (Nq, GOM bins + 2), ranks/clipped, ranks/pair_range (Nq, 2 with
-        fixed GOM normalisation, else Nq x 0)
+        positives/offsets (Nq + 1), positives/dist, positives/gidx, positives/bits (per positive),
+        positives/junk (Nq, T)
+        stats/<statistic>/<field>   every array of the statistics' state (``statistics.StatState``):
+                                    which ones, and their shapes, follow from the options
 
 ``covers``: the query set's fingerprint (a hash of its features as stored, pids and camids), the
 gallery rows counted, the store's uid (new whenever a store is created) with a fingerprint of every
 chunk holding those rows (``store.rows_fingerprint``: a gallery edited in place is noticed), and the
 options the counts depend on (``Settings.state_key``).
 
+Only protocols whose counts over old rows stay valid when rows are appended are saved
+(``check_updatable``): no trials, no single-gallery-shot draws, no query copies in the gallery, not
+the t2v direction (one trial: T = 1).
+
 Nothing read back is trusted.  ``checksums`` holds a blake2b hash of every array's content and of
 the canonical JSON of covers, options and dist_range, taken before writing; every chunk carries
 zarr's crc32c besides.  Loading follows CURRENT only to a real version directory of this state (a
-name vNNNNNN.zarr, never a link), checks the structure (``check_structure``: types, lengths,
-offsets - what must hold before a kernel indexes with it), then the checksums: a deleted chunk
-(zarr would read zeros), a garbled chunk or an edited attribute is refused as damaged, never turned
-into other numbers than a full evaluation gives.
+name vNNNNNN.zarr, never a link), checks the structure (``saved_settings``: attribute types and
+the settings the options make; ``_array_problem``: every array's dtype and shape from the
+statistics' fields, offsets, gallery rows - what must hold before a kernel indexes with it), then
+the checksums: a deleted chunk (zarr would read zeros), a garbled chunk or an edited attribute is
+refused as damaged, never turned into other numbers than a full evaluation gives.
 
 Writing makes the next version in full beside the live one, syncs it, then swaps CURRENT and
 removes older versions: interrupted anywhere (a crash, Ctrl-C), CURRENT names a complete version.
@@ -51,22 +58,22 @@ import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from .errors import OptionError, StoreError, one_line
+from .evaluate import Settings
 from .gom import DistanceRange
+from .graph import Metadata
 from .outputs import check_directory
-from .state import Positives, QueryState, RankState
+from .state import Positives, QueryState
+from .statistics import Field, StatState
+from .statistics.dedup import EMPTY
 from .store import Store, rows_fingerprint
 
-STATE_SCHEMA = 2  # 2: checksums, crc32c chunks, rows_fingerprint
+STATE_SCHEMA = 3  # 2: checksums, crc32c chunks, rows_fingerprint; 3: protocol records, trial bits, statistics
 POINTER = "CURRENT"
 PENDING_POINTER = POINTER + ".tmp"
 VERSION_NAME = re.compile(r"v[0-9]{6}\.zarr")
 CHUNK_ELEMENTS = 1 << 20
-ARRAYS = {  # name: (dtype, dimensions)
-    "positives/offsets": (np.dtype(np.int64), 1), "positives/dist": (np.dtype(np.float64), 1),
-    "positives/gidx": (np.dtype(np.int64), 1), "positives/junk": (np.dtype(np.int64), 1),
-    "ranks/neg_slots": (np.dtype(np.int64), 1), "ranks/neg_hist": (np.dtype(np.int64), 2),
-    "ranks/clipped": (np.dtype(np.int64), 2), "ranks/pair_range": (np.dtype(np.float64), 2),  # RankState.arrays
-}
+OFFSETS = "positives/offsets"  # n_queries + 1 entries; every other array is laid out by ``array_layout``
+STATS = "stats/"  # prefix of the statistics' arrays: stats/<statistic>/<field>
 SIGNED_ATTRIBUTES = ("covers", "options", "dist_range")  # every attribute but the schema number and the checksums
 
 
@@ -184,6 +191,70 @@ def _checksums(attributes: dict, arrays: dict) -> dict:
     return sums
 
 
+# ------------------------------------------------------------------------------------ what is saved
+
+
+def check_updatable(settings: Settings) -> None:
+    """Refuse (OptionError) a protocol whose counts over the saved rows would change when gallery
+    rows are appended: a state of it could never be updated, so none is kept."""
+    protocol = settings.protocol
+    reasons = []
+    if protocol.trials is not None:
+        reasons.append("its trials are drawn from the whole gallery, so appended rows would change every trial's "
+                       "draw (trials=0, --trials 0, evaluates without trials)")
+    if protocol.cmc == "sgs":
+        reasons.append("its single-gallery-shot CMC draws one row per identity among all gallery rows, which "
+                       "appended rows would change")
+    if protocol.gallery_includes_queries:
+        reasons.append("its gallery includes the queries' copies as the rows after the stored gallery, where "
+                       "appended rows would go")
+    if "t2v" in protocol.directions:
+        reasons.append("direction t2v takes the store's gallery as the queries, which appends change")
+    if reasons:
+        raise OptionError(f"protocol '{protocol.name}' keeps no state for incremental updates (--state): "
+                          + "; ".join(reasons))
+
+
+def saved_statistics(settings: Settings) -> tuple:
+    """The statistics a state saved with ``settings`` holds (their fields follow from the options
+    alone; the error bounds the feature dimension sets are the run's business)."""
+    return settings.statistics(Metadata(), dim=1)
+
+
+def array_layout(settings: Settings) -> dict:
+    """Every array of a state saved with ``settings`` but positives/offsets: key -> ``Field``
+    (rows per query or per positive, dtype, shape after the rows), in the order they are saved."""
+    layout = {
+        "positives/dist": Field("positive", np.float64, ()), "positives/gidx": Field("positive", np.int64, ()),
+        "positives/bits": Field("positive", np.uint64, ()),
+        "positives/junk": Field("query", np.int64, (settings.n_trials,)),
+    }
+    for key, (_, spec) in StatState.specs(saved_statistics(settings)).items():
+        layout[STATS + key] = spec
+    return layout
+
+
+def _state_arrays(state: QueryState) -> dict:
+    positives = state.positives
+    arrays = {OFFSETS: positives.offsets, "positives/dist": positives.dist, "positives/gidx": positives.gidx,
+              "positives/bits": positives.bits, "positives/junk": positives.junk}
+    arrays.update({STATS + key: data for key, data in state.stats.arrays.items()})
+    return {key: np.ascontiguousarray(data) for key, data in arrays.items()}
+
+
+def _ranges_record(ranges: list | None) -> list | None:
+    """Per trial [lo, hi], or null for a trial without pairs (its range is empty: lo > hi)."""
+    if ranges is None:
+        return None
+    return [[float(r.lo), float(r.hi)] if r.lo <= r.hi else None for r in ranges]
+
+
+def _ranges_from_record(record: list | None) -> list | None:
+    if record is None:
+        return None
+    return [DistanceRange(np.inf, -np.inf) if r is None else DistanceRange(*r) for r in record]
+
+
 # ----------------------------------------------------------------------------------------- structure
 
 
@@ -195,40 +266,28 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _gom_setting(value) -> bool:
-    return value is None or (isinstance(value, dict) and isinstance(value.get("norm"), str)
-                             and _integer(value.get("bins")) and value["bins"] >= 1)
+def _mapping(what: str):
+    return (lambda v: isinstance(v, dict), what)
 
 
-_TEXT = (lambda v: isinstance(v, str), "a string")
+_TEXT = (lambda v: isinstance(v, str) and v != "", "a non-empty string")
 _COUNT = (lambda v: _integer(v) and v >= 1, "a positive integer")
 _ATTRIBUTE_FIELDS = {  # attribute: {key: (test, what it must be)}, keys exactly these
     "covers": {
         "query_fingerprint": _TEXT, "n_queries": _COUNT, "gallery_rows": _COUNT,
         "store_uid": (lambda v: v is None or isinstance(v, str), "a string or null"), "rows_fingerprint": _TEXT,
-        "settings": (lambda v: isinstance(v, dict) and _gom_setting(v.get("gom")),
-                     "a mapping whose gom is null or has a norm and bins"),
+        "settings": _mapping("a mapping"),
     },
     "options": {
-        "metric": _TEXT, "protocol": _TEXT, "precision": _TEXT, "gom_norm": _TEXT, "gom_vp": _TEXT,
-        "junk_pids": (lambda v: isinstance(v, list) and all(map(_integer, v)), "a list of integers"),
-        "max_rank": _COUNT, "gom_bins": _COUNT, "gom_b": _COUNT, "no_gom": (lambda v: isinstance(v, bool), "true or false"),
+        "metric": _TEXT, "protocol": _mapping("a mapping (a protocol record)"), "precision": _TEXT,
+        "gom_norm": _TEXT, "gom_vp": _TEXT, "max_rank": _COUNT, "gom_bins": _COUNT, "gom_b": _COUNT,
+        "no_gom": (lambda v: isinstance(v, bool), "true or false"), "std_ddof": (_integer, "an integer"),
     },
-    "checksums": {key: _TEXT for key in (*ARRAYS, *SIGNED_ATTRIBUTES)},
 }
 
 
-def check_structure(attrs: dict, arrays: dict) -> str | None:
-    """The first structural problem of a version read back (its attributes and arrays), or None.
-
-    What the numbers and the kernels rely on: attribute types, array dtypes, CSR offsets from 0,
-    never decreasing, up to the length of the per-positive arrays, one junk count and histogram row
-    per query, gallery rows in range, counts never negative.
-    """
-    return _attribute_problem(attrs) or _array_problem(attrs, arrays)
-
-
 def _attribute_problem(attrs: dict) -> str | None:
+    """Attribute types: covers and options with exactly their keys, checksums a mapping of strings."""
     for name, fields in _ATTRIBUTE_FIELDS.items():
         record = attrs.get(name)
         if not isinstance(record, dict):
@@ -238,42 +297,104 @@ def _attribute_problem(attrs: dict) -> str | None:
         for key, (test, kind) in fields.items():
             if not test(record[key]):
                 return f"attribute {name}.{key} is {record[key]!r:.60}, expected {kind}"
-    if "dist_range" not in attrs:
-        return "attribute dist_range is missing"
-    gom, dist_range = attrs["covers"]["settings"]["gom"], attrs["dist_range"]
-    if gom is None or gom["norm"] != "minmax":
-        return None if dist_range is None else f"attribute dist_range is {dist_range!r:.60}, expected null (no minmax)"
-    if not (isinstance(dist_range, list) and len(dist_range) == 2 and all(map(_finite, dist_range))
-            and dist_range[0] <= dist_range[1]):
-        return f"attribute dist_range is {dist_range!r:.60}, expected [min, max] of the minmax normalisation"
+    checksums = attrs.get("checksums")
+    if not isinstance(checksums, dict) or not all(isinstance(v, str) for v in checksums.values()):
+        return f"attribute checksums is {checksums!r:.60}, not a mapping of hashes"
     return None
 
 
-def _array_problem(attrs: dict, arrays: dict) -> str | None:
-    for key, (dtype, ndim) in ARRAYS.items():
-        if arrays[key].dtype != dtype or arrays[key].ndim != ndim:
-            return f"{key} is {arrays[key].ndim}-D {arrays[key].dtype}, expected {ndim}-D {dtype}"
-    covers, gom = attrs["covers"], attrs["covers"]["settings"]["gom"]
-    n = covers["n_queries"]
-    offsets, dist, gidx, junk, slots, hist, clipped, pair_range = (arrays[key] for key in ARRAYS)
+def saved_settings(attrs: dict) -> tuple[Settings | None, str | None]:
+    """(the settings the options of a version read back make, None) or (None, its first problem):
+    attribute types, options that make valid settings of an updatable protocol, covers.settings and
+    dist_range that agree with them, a checksum for every array they imply."""
+    problem = _attribute_problem(attrs)
+    if problem:
+        return None, problem
+    try:
+        settings = Settings.parse(None, **attrs["options"])  # no store needed: the metric is always recorded
+        check_updatable(settings)
+    except (OptionError, TypeError, ValueError) as exc:
+        return None, f"attribute options make no settings a state can hold ({one_line(exc)})"
+    if attrs["covers"]["settings"] != settings.state_key():
+        return None, "attribute covers.settings does not match attribute options"
+    expected = {OFFSETS, *array_layout(settings), *SIGNED_ATTRIBUTES}
+    if set(attrs["checksums"]) != expected:
+        return None, f"attribute checksums has keys {sorted(attrs['checksums'])}, expected {sorted(expected)}"
+    problem = _range_problem(attrs, settings)
+    return (None, problem) if problem else (settings, None)
+
+
+def _range_problem(attrs: dict, settings: Settings) -> str | None:
+    if "dist_range" not in attrs:
+        return "attribute dist_range is missing"
+    ranges = attrs["dist_range"]
+    if not settings.minmax:
+        return None if ranges is None else f"attribute dist_range is {ranges!r:.60}, expected null (no minmax)"
+    if not (isinstance(ranges, list) and len(ranges) == settings.n_trials and all(
+            r is None or (isinstance(r, list) and len(r) == 2 and all(map(_finite, r)) and r[0] <= r[1])
+            for r in ranges)):
+        return (f"attribute dist_range is {ranges!r:.60}, expected per trial ({settings.n_trials}) [min, max] of the "
+                "minmax normalisation, or null for a trial without pairs")
+    return None
+
+
+def _array_problem(attrs: dict, settings: Settings, arrays: dict) -> str | None:
+    """The first problem of the arrays read back, or None.  What the numbers and the kernels rely
+    on: every array's dtype and shape (CSR offsets from 0, never decreasing, one row per positive
+    or per query as its field says), gallery rows in range, positives sorted, counts never negative."""
+    layout = array_layout(settings)
+    for key, spec in {OFFSETS: Field("query", np.int64, ()), **layout}.items():
+        data, ndim = arrays[key], 1 + len(spec.shape)
+        if data.dtype != spec.dtype or data.ndim != ndim:
+            return f"{key} is {data.ndim}-D {data.dtype}, expected {ndim}-D {np.dtype(spec.dtype)}"
+    n, offsets = attrs["covers"]["n_queries"], arrays[OFFSETS]
     if offsets.shape != (n + 1,) or offsets[0] != 0 or (np.diff(offsets) < 0).any():
         return f"positives/offsets must be n_queries + 1 = {n + 1} entries from 0, never decreasing"
-    lengths = {key: arrays[key].shape[0] for key in ("positives/dist", "positives/gidx", "ranks/neg_slots")}
-    if set(lengths.values()) != {offsets[-1]}:
-        return f"positives/offsets ends at {offsets[-1]} but the per-positive arrays hold {lengths}"
-    width = 0 if gom is None else gom["bins"] + 2
-    if junk.shape != (n,) or hist.shape != (n, width):
-        return f"positives/junk {junk.shape} and ranks/neg_hist {hist.shape} must be ({n},) and ({n}, {width})"
+    rows = {"query": n, "positive": int(offsets[-1])}
+    for key, spec in layout.items():
+        shape = arrays[key].shape
+        if shape[0] != rows[spec.axis] and spec.axis == "positive":
+            return f"positives/offsets ends at {offsets[-1]} but {key} holds {shape[0]} positives"
+        if shape != (rows[spec.axis], *spec.shape):
+            return f"{key} has shape {shape}, expected {(rows[spec.axis], *spec.shape)} (a row per {spec.axis})"
+    return _positives_problem(attrs["covers"]["gallery_rows"], settings.n_trials, arrays) or _counts_problem(
+        layout, arrays)
+
+
+def _positives_problem(gallery_rows: int, n_trials: int, arrays: dict) -> str | None:
+    offsets, dist, gidx, bits = (arrays[key] for key in (OFFSETS, "positives/dist", "positives/gidx", "positives/bits"))
     if not np.isfinite(dist).all():
         return "positives/dist holds non-finite distances"
-    if ((gidx < 0) | (gidx >= covers["gallery_rows"])).any():
-        return f"positives/gidx holds gallery rows outside [0, {covers['gallery_rows']})"
-    clip_width = 2 if gom is not None and gom["norm"] == "fixed" else 0
-    if clipped.shape != (n, clip_width) or pair_range.shape != (n, clip_width) or np.isnan(pair_range).any():
-        return (f"ranks/clipped {clipped.shape} and ranks/pair_range {pair_range.shape} must be ({n}, {clip_width}), "
-                "without NaN")
-    if (junk < 0).any() or (slots < 0).any() or (hist < 0).any() or (clipped < 0).any():
-        return "negative counts in positives/junk or ranks"
+    if ((gidx < 0) | (gidx >= gallery_rows)).any():
+        return f"positives/gidx holds gallery rows outside [0, {gallery_rows})"
+    if (bits & ~np.uint64((1 << n_trials) - 1)).any():
+        return f"positives/bits marks trials beyond the protocol's {n_trials}"
+    follows = np.ones(dist.shape[0], dtype=bool)  # entry i continues its query's list
+    follows[offsets[:-1][np.diff(offsets) > 0]] = False
+    ordered = (dist[1:] > dist[:-1]) | ((dist[1:] == dist[:-1]) & (gidx[1:] > gidx[:-1]))
+    if (follows[1:] & ~ordered).any():
+        return "positives/dist and positives/gidx are not sorted by (distance, gallery row) within each query"
+    return None
+
+
+def _counts_problem(layout: dict, arrays: dict) -> str | None:
+    """Counts (the junk counts and the statistics' summed fields) never negative, min / max fields
+    never NaN, identity-dedup lists packed from the front without repeats (as ``dedup._insert`` keeps them)."""
+    for key, spec in layout.items():
+        data = arrays[key]
+        if (key.startswith(STATS) and spec.merge == "sum") or key == "positives/junk":
+            if (data < 0).any():
+                return f"{key} holds negative counts"
+        elif spec.merge in ("min", "max") and np.isnan(data).any():
+            return f"{key} holds NaN"
+    held = arrays.get(STATS + "dedup/held")
+    if held is not None:
+        present = held != EMPTY
+        if (present[..., 1:] & ~present[..., :-1]).any():
+            return "stats/dedup/held has a pid after a free place"
+        ordered = np.sort(held, axis=-1)
+        if ((ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] != EMPTY)).any():
+            return "stats/dedup/held lists a pid twice for one query and trial"
     return None
 
 
@@ -334,7 +455,8 @@ def _write_version(target: str, attrs: dict, arrays: dict) -> None:
     its own, and when a full disk fails several of those writes, asyncio reports the ones nobody
     awaited on stderr (the CLI promises one line)."""
     group = zarr.open_group(target, mode="w")
-    for subgroup in sorted({key.split("/")[0] for key in arrays}):
+    parents = {key.rsplit("/", depth)[0] for key in arrays for depth in range(1, key.count("/") + 1)}
+    for subgroup in sorted(parents):  # a parent sorts before its children
         zarr.open_group(os.path.join(target, subgroup), mode="w")
     for key, data in arrays.items():
         _write_array(os.path.join(target, key), data)
@@ -351,7 +473,7 @@ def _make_live(path: str, name: str) -> None:
     os.replace(pointer, os.path.join(path, POINTER))  # the commit point
 
 
-def save_state(path, store: Store, settings, state: QueryState, query_hash: str | None = None) -> str:
+def save_state(path, store: Store, settings: Settings, state: QueryState, query_hash: str | None = None) -> str:
     """Write ``state`` as the new live version of the state at ``path``; return the version's name.
 
     StateError when the file system refuses (a full disk): the partial version is removed and the
@@ -363,13 +485,11 @@ def save_state(path, store: Store, settings, state: QueryState, query_hash: str 
     except StateError:  # a damaged state that evaluate(overwrite_state=True) was allowed to replace
         live = None
     name = f"v{int(live[1:7]) % 999_999 + 1 if live else 1:06d}.zarr"  # wraps to v000001 after v999999
-    arrays = {key: np.ascontiguousarray(data) for key, data in zip(ARRAYS, (
-        state.positives.offsets, state.positives.dist, state.positives.gidx, state.positives.junk,
-        *state.ranks.arrays))}
+    arrays = _state_arrays(state)
     attrs = {
         "covers": coverage(store, settings, state.gallery_rows, query_hash),
         "options": settings.to_options(),
-        "dist_range": None if state.dist_range is None else [state.dist_range.lo, state.dist_range.hi],
+        "dist_range": _ranges_record(state.dist_range),
     }
     attrs.update(streameval_state=STATE_SCHEMA, checksums=_checksums(attrs, arrays))
     try:
@@ -389,15 +509,19 @@ def save_state(path, store: Store, settings, state: QueryState, query_hash: str 
     return name
 
 
-def _read_version(path: str, name: str) -> tuple[dict, dict]:
-    """The attributes and arrays of version ``name``, as stored (StateError when unreadable)."""
+def _open_version(path: str, name: str) -> tuple[zarr.Group, dict]:
+    """The group of version ``name`` and its attributes, as stored (StateError when unreadable)."""
     try:
         group = zarr.open_group(os.path.join(path, name), mode="r")
-        attrs = dict(group.attrs)
+        return group, dict(group.attrs)
     except Exception as exc:  # zarr raises several types for missing or malformed metadata
         raise _damaged(path, f"{name} is not a readable zarr group: {one_line(exc)}") from None
+
+
+def _read_arrays(path: str, group: zarr.Group, keys) -> dict:
+    """The arrays ``keys`` of a version's group, as stored (StateError when missing or unreadable)."""
     arrays = {}
-    for key in ARRAYS:
+    for key in keys:
         try:
             arr = group[key]
             if not isinstance(arr, zarr.Array):
@@ -407,7 +531,7 @@ def _read_version(path: str, name: str) -> tuple[dict, dict]:
             raise _damaged(path, f"{key} is missing") from None
         except Exception as exc:  # a chunk failing its crc32c, undecodable bytes, bad metadata
             raise _damaged(path, f"{key} cannot be read: {one_line(exc)}") from None
-    return attrs, arrays
+    return arrays
 
 
 def _checksum_problem(attrs: dict, arrays: dict) -> str | None:
@@ -420,7 +544,7 @@ def _checksum_problem(attrs: dict, arrays: dict) -> str | None:
 
 def load_state(path) -> SavedState:
     """Open the live version of the state at ``path``, checked (StateError when there is none, or
-    it is damaged)."""
+    it is damaged).  Its statistics are those the saved options name (``saved_statistics``)."""
     path = _local_path(path)
     if not os.path.lexists(path):
         raise StateError(f"no state at '{path}' (make one with 'streameval eval STORE --state {path}')")
@@ -430,30 +554,46 @@ def load_state(path) -> SavedState:
                          f"make it again with 'streameval eval STORE --state {path}'")
     if name is None:
         raise StateError(f"'{path}' is not a streameval state (no {POINTER} naming a version)")
-    attrs, arrays = _read_version(path, name)
+    group, attrs = _open_version(path, name)
     schema = attrs.get("streameval_state")
     if schema != STATE_SCHEMA:
         raise StateError(f"'{path}' holds a state of another schema ({schema!r:.20}, expected {STATE_SCHEMA}); "
                          "make a new one with a full 'streameval eval --state'")
-    problem = check_structure(attrs, arrays) or _checksum_problem(attrs, arrays)
+    settings, problem = saved_settings(attrs)
     if problem:
         raise _damaged(path, problem)
-    covers, dist_range = attrs["covers"], attrs["dist_range"]
-    offsets, dist, gidx, junk = (arrays[key] for key in ARRAYS if key.startswith("positives/"))
-    ranks = RankState(*(arrays[key] for key in ARRAYS if key.startswith("ranks/")))
-    query_state = QueryState(Positives(offsets, dist, gidx, junk), ranks,
-                             None if dist_range is None else DistanceRange(*dist_range), covers["gallery_rows"])
+    arrays = _read_arrays(path, group, [OFFSETS, *array_layout(settings)])
+    problem = _array_problem(attrs, settings, arrays) or _checksum_problem(attrs, arrays)
+    if problem:
+        raise _damaged(path, problem)
+    positives = Positives(*(arrays[f"positives/{part}"] for part in ("offsets", "dist", "gidx", "bits", "junk")))
+    stats = StatState(saved_statistics(settings), {key[len(STATS):]: data for key, data in arrays.items()
+                                                    if key.startswith(STATS)})
+    covers = attrs["covers"]
+    query_state = QueryState(positives, stats, _ranges_from_record(attrs["dist_range"]), covers["gallery_rows"])
     return SavedState(path, name, covers, attrs["options"], query_state)
 
 
-def check_matches(saved: SavedState, store: Store, settings) -> str:
+def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """'key old -> new' for every key whose value differs, mappings key by key (protocol.junk_pids)."""
+    out = []
+    for key in [*new, *(key for key in old if key not in new)]:
+        was, now = old.get(key), new.get(key)
+        if isinstance(was, dict) and isinstance(now, dict):
+            out += _differences(was, now, f"{prefix}{key}.")
+        elif was != now:
+            out.append(f"{prefix}{key} {was!r} -> {now!r}")
+    return out
+
+
+def check_matches(saved: SavedState, store: Store, settings: Settings) -> str:
     """Refuse a state that was not taken over this store's queries, its gallery's first rows and
-    these options; return the query fingerprint."""
+    these options (naming every option that differs, field by field for the protocol); return the
+    query fingerprint."""
     covers = saved.covers
     where = f"the state at '{saved.path}'"
     if settings.state_key() != covers["settings"]:
-        diff = {k: (covers["settings"].get(k), v) for k, v in settings.state_key().items() if covers["settings"].get(k) != v}
-        named = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in diff.items())
+        named = ", ".join(_differences(covers["settings"], settings.state_key()))
         raise StateError(f"{where} was made with other options ({named}); run a full 'streameval eval --state'")
     query_hash = rows_fingerprint(store.query, len(store.query))
     if query_hash != covers["query_fingerprint"]:

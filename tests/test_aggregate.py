@@ -116,7 +116,7 @@ def test_statistics_equal_numpy_over_the_runs(results, tmp_path):
     assert isinstance(out["cmc"], list) and len(out["cmc"]) == FAST["max_rank"]
     assert out["rank1"] == out["cmc"][0]  # every run has queries with positives
     assert out["n_queries"] == SMALL["n_query"] and set(COUNTS) <= set(out)
-    assert (out["metric"], out["protocol"], out["max_rank"], out["options"]) == (
+    assert (out["metric"], out["protocol"]["name"], out["max_rank"], out["options"]) == (
         "euclidean", "market", FAST["max_rank"], results[0]["options"])
     assert (out["gom"]["bins"], out["gom"]["tau"], out["result_schema"]) == (20, results[0]["gom"]["tau"], 1)
     assert [(row["label"], row["store"], row["n_queries"], row["rank1"], row["mINP"]) for row in agg["per_run"]] == [
@@ -164,7 +164,8 @@ def test_a_cosine_run_next_to_euclidean_runs_is_refused(stores, results, tmp_pat
 
 
 @pytest.mark.parametrize("options, field", [
-    (dict(junk_pids=(-1, 0)), "junk_pids"),
+    (dict(junk_pids=(-1, 0)), "protocol.junk_pids"),
+    (dict(trials=2), "protocol.trials"),
     (dict(gom_bins=10), "gom.bins"),
     (dict(no_gom=True), "gom"),
     (dict(precision="float64"), "precision"),

@@ -78,7 +78,7 @@ def test_eval_json_file(store_path, expected, tmp_path):
     result = run("eval", store_path, "--json", out)
     got = json.loads(out.read_text())
     assert_same_result(got, expected)
-    assert got["metric"] == "euclidean" and got["protocol"] == "market"
+    assert got["metric"] == "euclidean" and got["protocol"]["name"] == "market"
     assert got["n_queries"] == 60 and got["n_gallery"] == 500
     assert got["n_open_queries"] > 0 and got["n_valid_queries"] + got["n_open_queries"] == 60
     assert len(got["cmc"]) == 50 and got["rank1"] == got["cmc"][0] and got["rank10"] == got["cmc"][9]
@@ -101,7 +101,7 @@ def test_eval_options_reach_the_engine(store_path):
     want = evaluate(store_path, metric="cosine", protocol="none", max_rank=5, precision="float64",
                     junk_pids=(-1, 0)).to_dict()
     assert_same_result(got, want)
-    assert got["options"] == {"junk_pids": [-1, 0], "precision": "float64"}
+    assert got["options"] == {"precision": "float64", "std_ddof": 1} and got["protocol"]["junk_pids"] == [-1, 0]
     assert got["run"]["query_block"] == 7 and got["run"]["gallery_chunk"] == 64 and got["run"]["workers"] == 2
     assert len(got["cmc"]) == 5 and got["rank10"] is None
 
@@ -147,7 +147,7 @@ def test_version():
 @pytest.mark.parametrize("args, message", [
     (["eval", "{store}", "--metric", "foo"], "Invalid value for '--metric'"),
     (["eval", "{store}", "--memory-budget", "lots"], "cannot read a memory size from 'lots'"),
-    (["eval", "{store}", "--protocol", "cuhk"], "Invalid value for '--protocol'"),
+    (["eval", "{store}", "--protocol", "cuhk"], "protocol must be a preset"),
     (["eval", "{store}", "--max-rank", "0"], "Invalid value for '--max-rank'"),
     (["eval", "{store}", "--junk-pids", "a,b"], "expected comma-separated integers"),
     (["eval", "{store}", "--workers", "zero"], "Invalid value for '--workers'"),

@@ -183,3 +183,13 @@ def test_cli_reports_cluster_errors_with_exit_code_4(small_store):
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 4
     assert done.stderr.startswith("error: cannot reach the Dask scheduler") and "Traceback" not in done.stderr
+
+
+def test_trials_dedup_and_sgs_on_a_cluster_equal_threaded(process_cluster, small_store):
+    """Trial masks, identity-dedup lists and sgs draws travel to worker processes unchanged."""
+    cluster = process_cluster()
+    for options in (dict(protocol="market", trials=3, cmc="identity-dedup", gom_norm="minmax"),
+                    dict(protocol="cuhk03-sgs", sgs_mode="both", sgs_repeats=3, no_gom=True)):
+        threaded = streameval.evaluate(small_store, gallery_chunk=512, **options)
+        remote = streameval.evaluate(small_store, gallery_chunk=512, scheduler_file=cluster.scheduler_file, **options)
+        assert comparable(remote) == comparable(threaded)

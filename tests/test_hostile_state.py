@@ -6,7 +6,9 @@ traceback, never numbers other than a full evaluation's - and nothing committed 
 1. an unfinished state (a first ``eval --state`` killed or out of space) is replaced by the next
    ``eval --state``; a directory holding anything else is still refused;
 2. a deleted or garbled chunk, or an edited attribute, fails its checksum;
-3. a malformed state (CURRENT, attribute types, array lengths) fails the structural check;
+3. a malformed state (CURRENT, attribute types, options that make no updatable settings, array
+   shapes other than the statistics' fields say, unsorted positives, forged dedup lists) fails the
+   structural check;
 4. a gallery edited in place behind streameval's back is noticed (every chunk is fingerprinted);
 5. a full disk while saving leaves the previous state live.
 """
@@ -32,6 +34,7 @@ from click.testing import CliRunner
 import streameval
 from streameval.cli import main
 from streameval.statestore import POINTER, load_state
+from streameval.statistics.dedup import EMPTY
 
 from test_incremental import comparable, make_store, random_rows
 
@@ -79,20 +82,32 @@ def rewrite_array(state, key: str, data) -> None:
 
 def assert_same_state(a, b) -> None:
     assert (a.version, a.covers, a.options) == (b.version, b.covers, b.options)
-    for x, y in ((a.query_state.positives, b.query_state.positives), (a.query_state.ranks, b.query_state.ranks)):
-        for name in x.__dataclass_fields__:
-            np.testing.assert_array_equal(getattr(x, name), getattr(y, name))
+    for name in a.query_state.positives.__dataclass_fields__:
+        np.testing.assert_array_equal(getattr(a.query_state.positives, name), getattr(b.query_state.positives, name))
+    assert sorted(a.query_state.stats.arrays) == sorted(b.query_state.stats.arrays)
+    for key, data in a.query_state.stats.arrays.items():
+        np.testing.assert_array_equal(data, b.query_state.stats.arrays[key])
     assert a.query_state.dist_range == b.query_state.dist_range
+
+
+def save_and_append(tmp_path, **options):
+    """A store with a saved state, then 30 rows appended (some positives): ``update`` has work to do."""
+    store, rng, query = make_store(tmp_path)
+    state = tmp_path / "state"
+    streameval.evaluate(store, state=state, **options)
+    streameval.append_gallery(store, *random_rows(rng, 30, np.r_[np.zeros(25, int), query[1][:5]]))
+    return store, state
 
 
 @pytest.fixture
 def saved(tmp_path):
-    """A store with a saved state, then 30 rows appended (some positives): ``update`` has work to do."""
-    store, rng, query = make_store(tmp_path)
-    state = tmp_path / "state"
-    streameval.evaluate(store, state=state)
-    streameval.append_gallery(store, *random_rows(rng, 30, np.r_[np.zeros(25, int), query[1][:5]]))
-    return store, state
+    return save_and_append(tmp_path)
+
+
+@pytest.fixture
+def saved_dedup(tmp_path):
+    """The same with an identity-dedup CMC: lists of up to max_rank = 4 identities per query."""
+    return save_and_append(tmp_path, cmc="identity-dedup", max_rank=4)
 
 
 # --------------------------------------------------------------------------- 1. unfinished states
@@ -158,15 +173,21 @@ def test_a_directory_with_anything_else_is_still_refused(tmp_path, intruder):
 # ------------------------------------------------------------------------------------- 2. checksums
 
 
-@pytest.mark.parametrize("key", ["positives/offsets", "positives/dist", "positives/gidx", "positives/junk",
-                                 "ranks/neg_slots", "ranks/neg_hist"])
+@pytest.mark.parametrize("key", ["positives/offsets", "positives/dist", "positives/gidx", "positives/bits",
+                                 "positives/junk", "stats/slots/counts", "stats/gom/hist"])
 def test_a_deleted_chunk_is_refused(saved, key):
     store, state = saved
     chunk_files(state, key)[0].unlink()  # zarr would read zeros in its place
     assert_refused("update", store, "--state", state, match=rf"the state at .* is damaged \(.*{key}.*\); run a full")
 
 
-@pytest.mark.parametrize("key", ["positives/dist", "ranks/neg_hist"])
+def test_a_deleted_chunk_of_dedup_lists_is_refused(saved_dedup):
+    store, state = saved_dedup
+    chunk_files(state, "stats/dedup/held")[0].unlink()
+    assert_refused("update", store, "--state", state, match=r"damaged \(stats/dedup/held lists a pid twice")
+
+
+@pytest.mark.parametrize("key", ["positives/dist", "stats/gom/hist"])
 @pytest.mark.parametrize("damage", ["garbage", "one bit"])
 def test_a_garbled_chunk_fails_its_crc32c(saved, key, damage):
     store, state = saved
@@ -183,7 +204,7 @@ def test_a_garbled_chunk_fails_its_crc32c(saved, key, damage):
 
 
 def widen_range(attrs):
-    attrs["dist_range"][1] += 1.0
+    attrs["dist_range"][0][1] += 1.0
 
 
 def count_more_rows(attrs):  # update would then score only the last 20 of the 30 new rows
@@ -238,15 +259,26 @@ def test_a_linked_version_directory_is_refused(saved, tmp_path):
     (lambda a: a["covers"].update(gallery_rows="300"), r"attribute covers.gallery_rows is '300', expected a positive integer"),
     (lambda a: a["covers"].update(n_queries=True), r"attribute covers.n_queries is True, expected a positive integer"),
     (lambda a: a["covers"].update(settings="minmax"), r"attribute covers.settings is 'minmax', expected a mapping"),
-    (lambda a: a["covers"]["settings"]["gom"].update(bins=-1), r"attribute covers.settings is .*, expected a mapping"),
-    (lambda a: a["dist_range"].append(2.0), r"attribute dist_range is \[.*\], expected \[min, max\]"),
-    (lambda a: a.update(dist_range=[3.0, 1.0]), r"attribute dist_range is \[3.0, 1.0\], expected \[min, max\]"),
+    (lambda a: a["covers"]["settings"]["gom"].update(bins=-1), "attribute covers.settings does not match attribute options"),
+    (lambda a: a["options"].update(gom_bins=50), r"attribute covers.settings does not match attribute options"),
+    (lambda a: a["dist_range"].append([0.0, 2.0]), r"attribute dist_range is \[.*\], expected per trial \(1\) \[min, max"),
+    (lambda a: a.update(dist_range=[[3.0, 1.0]]), r"attribute dist_range is \[\[3.0, 1.0\]\], expected per trial"),
+    (lambda a: a.update(dist_range=[0.0, 3.0]), r"attribute dist_range is \[0.0, 3.0\], expected per trial"),  # schema 2's
     (lambda a: a.pop("dist_range"), r"attribute dist_range is missing"),
     (lambda a: a["options"].pop("gom_b"), r"attribute options has keys \[.*\], expected \[.*'gom_b'"),
     (lambda a: a["options"].update(colour="red"), r"attribute options has keys"),
-    (lambda a: a["options"].update(junk_pids="-1"), r"attribute options.junk_pids is '-1', expected a list of integers"),
+    (lambda a: a["options"].update(metric=""), r"attribute options.metric is '', expected a non-empty string"),
+    (lambda a: a["options"].update(protocol="market"), r"attribute options.protocol is 'market', expected a mapping"),
+    (lambda a: a["options"]["protocol"].update(junk_pids="-1"),
+     r"attribute options make no settings a state can hold \(OptionError: junk_pids must be a list, got '-1'\)"),
+    (lambda a: a["options"]["protocol"].update(cmc="shortest"), r"attribute options make no settings .*cmc must be one of"),
+    (lambda a: a["options"]["protocol"].update(trials={"count": 2}, draw_version=1),
+     r"attribute options make no settings a state can hold \(OptionError: protocol 'market' keeps no state .*trials"),
     (lambda a: a.pop("checksums"), r"attribute checksums is None, not a mapping"),
-    (lambda a: a.update(streameval_state=1), r"holds a state of another schema \(1, expected 2\); make a new one"),
+    (lambda a: a["checksums"].pop("stats/slots/counts"),
+     r"attribute checksums has keys \[.*\], expected \[.*'stats/slots/counts'"),
+    (lambda a: a.update(streameval_state=1), r"holds a state of another schema \(1, expected 3\); make a new one"),
+    (lambda a: a.update(streameval_state=2), r"holds a state of another schema \(2, expected 3\); make a new one"),
 ])
 def test_attributes_of_the_wrong_type_are_refused(saved, edit, problem):
     store, state = saved
@@ -258,20 +290,42 @@ def offsets(state):
     return zarr.open_group(version_dir(state), mode="r")["positives/offsets"][:]
 
 
+def stored(state, key):
+    return zarr.open_group(version_dir(state), mode="r")[key][:]
+
+
+def n_positives(state) -> int:
+    return int(offsets(state)[-1])
+
+
 @pytest.mark.parametrize("key, change, problem", [
     ("positives/offsets", lambda s: offsets(s)[:-1], r"positives/offsets must be n_queries \+ 1 = 21 entries from 0"),
     ("positives/offsets", lambda s: offsets(s) + 1, "positives/offsets must be .* from 0"),
     ("positives/offsets", lambda s: np.r_[0, offsets(s)[-1] + 1, offsets(s)[2:]], "never decreasing"),
-    ("positives/offsets", lambda s: np.r_[offsets(s)[:-1], offsets(s)[-1] + 1], "positives/offsets ends at"),
+    ("positives/offsets", lambda s: np.r_[offsets(s)[:-1], offsets(s)[-1] + 1],
+     "positives/offsets ends at .* but positives/dist holds"),
     ("positives/offsets", lambda s: offsets(s).astype(np.float64), "positives/offsets is 1-D float64, expected 1-D int64"),
-    ("positives/gidx", lambda s: np.zeros(offsets(s)[-1] + 1, np.int64), "positives/offsets ends at .* per-positive"),
-    ("ranks/neg_slots", lambda s: np.zeros(offsets(s)[-1] - 1, np.int64), "positives/offsets ends at .* per-positive"),
-    ("positives/junk", lambda s: np.zeros(19, np.int64), r"positives/junk \(19,\) .* must be \(20,\)"),
-    ("ranks/neg_hist", lambda s: np.zeros((20, 101), np.int64), r"ranks/neg_hist \(20, 101\) must be .*\(20, 102\)"),
-    ("ranks/neg_hist", lambda s: np.zeros(20, np.int64), "ranks/neg_hist is 1-D int64, expected 2-D int64"),
-    ("positives/gidx", lambda s: np.full(offsets(s)[-1], 300, np.int64), r"gallery rows outside \[0, 300\)"),
-    ("positives/dist", lambda s: np.full(offsets(s)[-1], np.nan), "non-finite distances"),
-    ("ranks/neg_slots", lambda s: np.full(offsets(s)[-1], -1, np.int64), "negative counts"),
+    ("positives/gidx", lambda s: np.zeros(n_positives(s) + 1, np.int64), "positives/offsets ends at .* but positives/gidx"),
+    ("positives/bits", lambda s: np.zeros(n_positives(s), np.int64), "positives/bits is 1-D int64, expected 1-D uint64"),
+    ("positives/bits", lambda s: np.full(n_positives(s), 3, np.uint64), "positives/bits marks trials beyond the protocol's"),
+    ("stats/slots/counts", lambda s: np.zeros((n_positives(s) - 1, 1), np.int64),
+     "positives/offsets ends at .* but stats/slots/counts holds"),
+    ("stats/slots/counts", lambda s: np.zeros(n_positives(s), np.int64), "stats/slots/counts is 1-D int64, expected 2-D"),
+    ("stats/slots/counts", lambda s: np.zeros((n_positives(s), 2), np.int64),
+     r"stats/slots/counts has shape \(\d+, 2\), expected \(\d+, 1\) \(a row per positive\)"),
+    ("positives/junk", lambda s: np.zeros(20, np.int64), "positives/junk is 1-D int64, expected 2-D int64"),
+    ("positives/junk", lambda s: np.zeros((19, 1), np.int64), r"positives/junk has shape \(19, 1\), expected \(20, 1\)"),
+    ("stats/gom/hist", lambda s: np.zeros((20, 1, 101), np.int64),
+     r"stats/gom/hist has shape \(20, 1, 101\), expected \(20, 1, 102\) \(a row per query\)"),
+    ("stats/gom/hist", lambda s: np.zeros((20, 102), np.int64), "stats/gom/hist is 2-D int64, expected 3-D int64"),
+    ("stats/gom/clipped", lambda s: np.zeros((20, 3), np.int64), r"stats/gom/clipped has shape \(20, 3\), expected \(20, 0"),
+    ("positives/gidx", lambda s: np.full(n_positives(s), 300, np.int64), r"gallery rows outside \[0, 300\)"),
+    ("positives/dist", lambda s: np.full(n_positives(s), np.nan), "non-finite distances"),
+    ("positives/dist", lambda s: np.sort(stored(s, "positives/dist"))[::-1].copy(),
+     r"not sorted by \(distance, gallery row\) within each query"),
+    ("positives/junk", lambda s: np.full((20, 1), -1, np.int64), "positives/junk holds negative counts"),
+    ("stats/slots/counts", lambda s: np.full((n_positives(s), 1), -1, np.int64), "stats/slots/counts holds negative"),
+    ("stats/gom/hist", lambda s: -stored(s, "stats/gom/hist"), "stats/gom/hist holds negative counts"),
 ])
 def test_arrays_of_the_wrong_shape_are_refused(saved, key, change, problem):
     store, state = saved
@@ -279,10 +333,37 @@ def test_arrays_of_the_wrong_shape_are_refused(saved, key, change, problem):
     assert_refused("update", store, "--state", state, match=rf"damaged \(.*{problem}")
 
 
+def held_with(state, edit):
+    """The dedup lists, edited: ``edit(held)`` changes query 0's list of trial 0 in place."""
+    held = stored(state, "stats/dedup/held")
+    edit(held[0, 0])
+    return held
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda s: held_with(s, lambda row: row.__setitem__(slice(None), [5, EMPTY, 7, EMPTY])),
+     "stats/dedup/held has a pid after a free place"),
+    (lambda s: held_with(s, lambda row: row.__setitem__(slice(None), [5, 5, EMPTY, EMPTY])),
+     "stats/dedup/held lists a pid twice for one query and trial"),
+    (lambda s: np.full((20, 1, 5), EMPTY, np.int64), r"stats/dedup/held has shape \(20, 1, 5\), expected \(20, 1, 4\)"),
+    (lambda s: np.full((20, 4), EMPTY, np.int64), "stats/dedup/held is 2-D int64, expected 3-D int64"),
+])
+def test_forged_dedup_lists_are_refused(saved_dedup, change, problem):
+    store, state = saved_dedup
+    rewrite_array(state, "stats/dedup/held", change(state))
+    assert_refused("update", store, "--state", state, match=rf"damaged \({problem}")
+
+
+def test_a_dedup_state_without_its_lists_is_refused(saved_dedup):
+    store, state = saved_dedup
+    shutil.rmtree(version_dir(state) / "stats" / "dedup")
+    assert_refused("update", store, "--state", state, match=r"damaged \(stats/dedup/held is missing\)")
+
+
 def test_a_missing_array_is_refused(saved):
     store, state = saved
-    shutil.rmtree(version_dir(state) / "ranks" / "neg_slots")
-    assert_refused("update", store, "--state", state, match=r"damaged \(ranks/neg_slots is missing\)")
+    shutil.rmtree(version_dir(state) / "stats" / "slots" / "counts")
+    assert_refused("update", store, "--state", state, match=r"damaged \(stats/slots/counts is missing\)")
 
 
 # --------------------------------------------------------------------- 4. stores changed behind our back

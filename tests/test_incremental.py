@@ -3,11 +3,13 @@
 A hypothesis state machine appends random batches to a store on disk - distractors only, new
 positives of existing queries (also of open-set queries), rows far from everything (a new minmax
 maximum), copies of query rows (a new minimum) - and after each update checks the result against a
-full ``evaluate`` of the store (bit for bit) and against the brute-force reference.  Integer-valued
-features keep every distance exact, so ties and threshold hits are exercised too.
+full ``evaluate`` of the store (bit for bit) and against the brute-force reference, for the Market
+protocol and for an identity-dedup protocol with camera rules.  Integer-valued features keep every
+distance exact, so ties and threshold hits are exercised too.
 
-Then: refusals of states that do not match, and interruptions (a real process killed in the middle
-of an append or of an update) that must leave the previous store and state readable and valid.
+Then: refusals of states that do not match and of protocols that cannot be updated (trials, sgs
+draws, query copies in the gallery), and interruptions (a real process killed in the middle of an
+append or of an update) that must leave the previous store and state readable and valid.
 """
 
 from __future__ import annotations
@@ -31,17 +33,24 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import streameval
 from streameval.cli import main
 from streameval.errors import OptionError
+from streameval.protocols import CameraRelation, Protocol, resolve
 from streameval.report import summary
 from streameval.statestore import POINTER, StateError, load_state
 from streameval.store import COMMITTED_ATTR
 
+from cli_checks import one_error_line
+from protocol_reference import reference_protocol
 from reference import distance_matrix, reference_evaluate, reference_gom
-from test_engine_vs_reference import assert_matches_reference
+from test_engine_vs_reference import TOL, assert_matches_reference
 from test_gom_vs_reference import assert_gom_matches
 
 DIM = 4
 N_IDS = 6
 VMAX = 2  # feature values in [-VMAX, VMAX]: many exact ties
+# identity-dedup CMC (SYSU-MM01's) without trials, with a camera pair excluded for every identity and
+# the queries of camera 2 left out: every protocol field an update can meet
+DEDUP = Protocol(name="dedup-cameras", cmc="identity-dedup", x_any=CameraRelation(pairs=((0, 1),)),
+                 query_cameras=(0, 1))
 
 
 def comparable(result) -> dict:
@@ -63,9 +72,9 @@ class GrowingGallery(RuleBasedStateMachine):
     @initialize(
         seed=st.integers(0, 2**32 - 1), n_query=st.integers(1, 8), n_gallery=st.integers(1, 40),
         norm=st.sampled_from(["minmax", "fixed:0:6", "none", "off"]), metric=st.sampled_from(["euclidean", "sqeuclidean"]),
-        chunk_rows=st.integers(1, 16),
+        chunk_rows=st.integers(1, 16), protocol=st.sampled_from(["market", DEDUP]),
     )
-    def start(self, seed, n_query, n_gallery, norm, metric, chunk_rows):
+    def start(self, seed, n_query, n_gallery, norm, metric, chunk_rows, protocol):
         self.rng = np.random.default_rng(seed)
         self.dir = tempfile.mkdtemp(prefix="streameval-inc-")
         self.store = os.path.join(self.dir, "s.zarr")
@@ -75,7 +84,7 @@ class GrowingGallery(RuleBasedStateMachine):
         gallery = random_rows(self.rng, n_gallery, self.rng.integers(-1, N_IDS + 1, n_gallery))
         streameval.write_store(self.store, *self.query, *gallery, chunk_rows=chunk_rows)
         gom = {"no_gom": True} if norm == "off" else {"gom_norm": norm, "gom_bins": 10, "gom_b": 5}
-        self.options = dict(metric=metric, **gom)
+        self.options = dict(metric=metric, protocol=protocol, **gom)
         self.result = streameval.evaluate(self.store, state=self.state, **self.options)
         self.appended = False
 
@@ -129,13 +138,34 @@ class GrowingGallery(RuleBasedStateMachine):
         qf, qp, qc = (np.asarray(a[:]) for a in (store.query.features, store.query.pids, store.query.camids))
         gf, gp, gc = (np.asarray(a[:len(store.gallery)]) for a in
                       (store.gallery.features, store.gallery.pids, store.gallery.camids))
+        dist = distance_matrix(qf, gf, self.options["metric"])
+        norm = self.options.get("gom_norm")
+        norm = (0.0, 6.0) if norm and norm.startswith("fixed") else norm
+        if self.options["protocol"] == DEDUP:
+            gom = None if norm is None else dict(norm=norm, bins=10, b=5)
+            assert_matches_protocol_reference(self.result, reference_protocol(dist, qp, qc, gp, gc, DEDUP, gom=gom))
+            return
         ref = reference_evaluate(qf, qp, qc, gf, gp, gc, metric=self.options["metric"])
         assert_matches_reference(self.result, ref, 50)
-        if "gom_norm" in self.options:
-            norm = self.options["gom_norm"]
-            norm = (0.0, 6.0) if norm.startswith("fixed") else norm
-            gom = reference_gom(distance_matrix(qf, gf, self.options["metric"]), qp, qc, gp, gc, norm=norm, bins=10, b=5)
-            assert_gom_matches(self.result.gom, gom)
+        if norm is not None:
+            assert_gom_matches(self.result.gom, reference_gom(dist, qp, qc, gp, gc, norm=norm, bins=10, b=5))
+
+
+def assert_matches_protocol_reference(result, ref: dict) -> None:
+    """A result with one trial against ``protocol_reference.reference_protocol``: counts, the
+    closed-set values, the protocol's CMC, each query's identity-dedup rank (max_rank + 1 standing
+    for any rank beyond the curve), GOM."""
+    trial = ref["per_trial"][0]
+    for key in ("n_queries", "n_valid_queries", "n_open_queries"):
+        assert getattr(result, key) == trial[key], key
+    for key in ("mAP", "mAP_trapezoid", "mINP", "cmc"):
+        got, want = getattr(result, key), trial[key]
+        assert (got is None) == (want is None), key
+        if want is not None:
+            np.testing.assert_allclose(got, want, rtol=0, atol=TOL, err_msg=key)
+    np.testing.assert_array_equal(result.per_query["rho"], np.minimum(trial["per_query"]["rho"], result.max_rank + 1))
+    if trial["gom"] is not None:
+        assert_gom_matches(result.gom, trial["gom"])
 
 
 GrowingGallery.TestCase.settings = settings(
@@ -201,16 +231,76 @@ def test_report_options_may_change_on_update(tmp_path):
     assert comparable(result) == comparable(streameval.evaluate(store, gom_vp="jaccard", max_rank=7, gom_b=4))
 
 
+def camera_rows(rng, n, pids, cameras):
+    return rng.integers(-VMAX, VMAX + 1, (n, DIM)).astype(np.float32), np.asarray(pids), rng.choice(cameras, n)
+
+
+def assert_update_matches_reference(store: str, result, protocol, max_rank: int) -> None:
+    opened = streameval.open_store(store)
+    qf, qp, qc = (np.asarray(a[:]) for a in (opened.query.features, opened.query.pids, opened.query.camids))
+    gf, gp, gc = (np.asarray(a[:len(opened.gallery)]) for a in
+                  (opened.gallery.features, opened.gallery.pids, opened.gallery.camids))
+    ref = reference_protocol(distance_matrix(qf, gf, "euclidean"), qp, qc, gp, gc, protocol, max_rank=max_rank,
+                             gom=dict(norm="minmax", bins=10, b=5))
+    assert_matches_protocol_reference(result, ref)
+
+
+@pytest.mark.parametrize("protocol, overrides", [
+    ("sysu-all", {"trials": 0}),  # SYSU-MM01's query and gallery cameras and camera rule, one gallery
+    (Protocol(name="market-dedup", cmc="identity-dedup"), {}),  # a protocol of the user's
+])
+def test_identity_dedup_updates_equal_a_full_evaluation(tmp_path, protocol, overrides):
+    """A query without new positives keeps its dedup list and merges the new rows' identities into
+    it; a query with a new positive before its first is re-scored over the old rows."""
+    rng = np.random.default_rng(5)
+    store, state = str(tmp_path / "s.zarr"), tmp_path / "state"
+    query = camera_rows(rng, 12, rng.integers(1, N_IDS + 1, 12), [3, 6, 1])  # camera 1: not a SYSU query camera
+    streameval.write_store(store, *query, *camera_rows(rng, 80, rng.integers(-1, N_IDS + 1, 80), range(1, 7)),
+                           chunk_rows=16)
+    options = dict(protocol=protocol, max_rank=3, gom_bins=10, gom_b=5, **overrides)  # 3: the lists fill up
+    streameval.evaluate(store, state=state, **options)
+    copies = np.flatnonzero(query[2] != 1)[:4]  # at distance 0 from their query, in gallery camera 1:
+    own_or_new = np.r_[query[1][copies[:2]], 100 + copies[2:]]  # a new first positive, or a new identity first
+    batches = [
+        camera_rows(rng, 10, rng.integers(N_IDS + 1, N_IDS + 30, 10), range(1, 7)),  # identities of no query
+        (query[0][copies], own_or_new, np.ones(4, np.int64)),
+        camera_rows(rng, 10, rng.choice(query[1], 10), range(1, 7)),  # the queries' identities
+    ]
+    for batch in batches:
+        streameval.append_gallery(store, *batch)
+        result = streameval.update(store, state)
+        assert comparable(result) == comparable(streameval.evaluate(store, **options))
+        assert_update_matches_reference(store, result, resolve(protocol, **overrides), max_rank=3)
+        facts = result.run["update"]
+        assert facts["queries_with_new_positives"] >= (2 if batch is batches[1] else 0)
+        assert (facts["queries_with_new_positives"] == 0) == (batch is batches[0])
+
+
+def test_a_trial_without_queries_saves_an_empty_range(tmp_path):
+    """No query of the store is on SYSU-MM01's query cameras: the minmax range of the one trial is
+    empty (null in the state), and updates still equal a full evaluation."""
+    store, rng, _ = make_store(tmp_path)  # cameras 0, 1, 2
+    state = tmp_path / "state"
+    streameval.evaluate(store, state=state, protocol="sysu-all", trials=0)
+    assert zarr.open_group(state / (state / POINTER).read_text().strip()).attrs["dist_range"] == [None]
+    streameval.append_gallery(store, *random_rows(rng, 10, rng.integers(1, N_IDS, 10)))
+    result = streameval.update(store, state)
+    assert result.n_queries == 0 and result.run["update"]["range_after"] is None
+    assert comparable(result) == comparable(streameval.evaluate(store, protocol="sysu-all", trials=0))
+
+
 # ------------------------------------------------------------------------------------------- refusals
 
 
 @pytest.mark.parametrize("options, message", [
     ({"metric": "cosine"}, r"other options \(metric 'euclidean' -> 'cosine'\)"),
-    ({"gom_norm": "fixed:0:3"}, "other options .*'norm': 'minmax'"),
-    ({"no_gom": True}, "other options"),
-    ({"protocol": "none"}, "protocol 'market' -> 'none'"),
-    ({"junk_pids": (-1, 0)}, r"junk_pids \[-1\] -> \[-1, 0\]"),
-    ({"precision": "float64"}, "precision"),
+    ({"gom_norm": "fixed:0:3"}, r"other options \(gom.norm 'minmax' -> 'fixed', gom.hi 1.0 -> 3.0\)"),
+    ({"no_gom": True}, r"other options \(gom \{.*\} -> None\)"),
+    ({"protocol": "none"}, r"other options \(protocol.name 'market' -> 'none', protocol.x_same 'equal' -> 'none'\)"),
+    ({"junk_pids": (-1, 0)}, r"other options \(protocol.junk_pids \[-1\] -> \[-1, 0\]\)"),
+    ({"denominator": "zero"}, r"other options \(protocol.denominator 'skip' -> 'zero'\)"),
+    ({"cmc": "identity-dedup"}, r"other options \(protocol.cmc 'first-hit' -> 'identity-dedup', max_rank None -> 50\)"),
+    ({"precision": "float64"}, r"other options \(precision 'float32' -> 'float64'\)"),
 ])
 def test_other_options_are_refused(tmp_path, options, message):
     store, _, _ = make_store(tmp_path)
@@ -218,6 +308,33 @@ def test_other_options_are_refused(tmp_path, options, message):
     streameval.evaluate(store, state=state)
     with pytest.raises(StateError, match=message):
         streameval.update(store, state, **options)
+
+
+@pytest.mark.parametrize("args, why", [
+    (["--protocol", "sysu-all"], "its trials are drawn from the whole gallery"),
+    (["--protocol", "vehicleid"], "its trials are drawn from the whole gallery"),
+    (["--protocol", "cuhk03-sgs"], "its single-gallery-shot CMC draws one row per identity"),
+    (["--protocol", "mars"], "its gallery includes the queries' copies"),
+    (["--protocol", "regdb", "--direction", "t2v"], "direction t2v takes the store's gallery as the queries"),
+])
+def test_eval_state_refuses_a_protocol_an_update_could_not_extend(tmp_path, args, why):
+    store, _, _ = make_store(tmp_path)
+    state = tmp_path / "state"
+    line = one_error_line(invoke("eval", store, "--state", state, "-q", *args, code=2))
+    assert line.startswith("error: protocol '") and "keeps no state for incremental updates" in line, line
+    assert why in line, line
+    assert not state.exists()
+
+
+def test_update_refuses_a_protocol_it_could_not_extend(tmp_path):
+    store, _, _ = make_store(tmp_path)
+    state = tmp_path / "state"
+    streameval.evaluate(store, state=state, protocol="sysu-all", trials=0)
+    with pytest.raises(OptionError, match="protocol 'sysu-all' keeps no state .*: its trials are drawn"):
+        streameval.update(store, state, trials=2)
+    with pytest.raises(OptionError, match="protocol 'mars' keeps no state .*: its gallery includes the queries"):
+        streameval.update(store, state, protocol="mars")
+    assert load_state(state).options["protocol"] == resolve("sysu-all", trials=0).to_record()
 
 
 def test_other_queries_are_refused(tmp_path):
@@ -311,7 +428,7 @@ def test_update_killed_before_the_swap_leaves_the_previous_state(tmp_path):
     assert len([name for name in os.listdir(state) if name.endswith(".zarr")]) == 2  # the dead one's leftover
     after = load_state(state)
     assert after.version == before.version and after.covers == before.covers
-    np.testing.assert_array_equal(after.query_state.ranks.neg_hist, before.query_state.ranks.neg_hist)
+    np.testing.assert_array_equal(after.query_state.stats.arrays["gom/hist"], before.query_state.stats.arrays["gom/hist"])
     result = streameval.update(store, state)  # picks up where the previous state was, cleans up
     assert comparable(result) == comparable(streameval.evaluate(store))
     assert sorted(os.listdir(state)) == [POINTER, load_state(state).version]

@@ -60,7 +60,8 @@ def assert_one_honest_bar(lines, passes) -> None:
 def test_work_of_each_pass_is_pairs_and_bytes(store_path):
     store = streameval.open_store(store_path)
     plan = Plan(query_block=150, gallery_chunk=512, workers=2)  # 2 query blocks, 12 chunks
-    built = graph.build(store.query, store.gallery, plan, Settings.parse(store).scoring(DIM))
+    settings, meta = Settings.parse(store), graph.Metadata()
+    built = graph.build(store.query, (graph.Part(store.gallery, 0),), plan, settings.scoring(DIM, meta), meta)
     work = Counter()
     for key in built.__dask_graph__():
         if (weight := key_work(key)) is not None:

@@ -17,7 +17,10 @@ import sys
 import textwrap
 
 HEAVY = ("numba", "zarr", "dask", "distributed", "matplotlib")
-ENTRY_POINTS = ("row_terms", "pair_distances", "distance_range", "score_block", "rank_summaries", "gom_curves")
+ENTRY_POINTS = ("kernels.row_terms", "kernels.pair_distances", "kernels.distance_range", "statistics.block.fill_distances",
+                "statistics.slots.update_slots", "statistics.gom_hist.update_hist", "kernels.rank_summaries",
+                "kernels.gom_curves")
+WORKING_PRECISION = ENTRY_POINTS[:6]  # kernels with an argument in the working precision
 
 
 def run_python(code: str, *args: str) -> str:
@@ -44,10 +47,9 @@ def test_import_and_help_load_no_heavy_library():
 
 
 EVALUATIONS = """
-    import json, os, sys, tempfile
+    import importlib, json, os, sys, tempfile
     import numpy as np
     import streameval
-    from streameval import kernels
 
     rng = np.random.default_rng(0)
     nq, ng, dim = 12, 90, 6
@@ -62,7 +64,11 @@ EVALUATIONS = """
             streameval.evaluate(store, state=state, overwrite_state=True, **options)
             streameval.append_gallery(store, problem["gf"][:9], problem["g_pids"][:9], problem["g_camids"][:9])
             streameval.update(store, state)
-    print(json.dumps({name: [str(types) for types in getattr(kernels, name).signatures] for name in sys.argv[2:]}))
+    def kernel(path):
+        module, name = path.rsplit(".", 1)
+        return getattr(importlib.import_module("streameval." + module), name)
+
+    print(json.dumps({path: [str(types) for types in kernel(path).signatures] for path in sys.argv[2:]}))
 """
 
 
@@ -77,14 +83,15 @@ def test_each_kernel_is_loaded_once_per_working_precision():
         {"precision": "float32", "gom_norm": "none", "metric": "sqeuclidean"}, {"precision": "float64"},
         {"precision": "float64", "no_gom": True, "metric": "euclidean"},
     ])
-    for name in ("row_terms", "pair_distances", "distance_range", "score_block"):
+    for name in WORKING_PRECISION:
         assert len(loaded[name]) == 2, (name, loaded[name])
         assert sorted("float32" in types for types in loaded[name]) == [False, True], loaded[name]
-    for name in ("rank_summaries", "gom_curves"):  # no argument in the working precision
+    for name in ("kernels.rank_summaries", "kernels.gom_curves"):  # no argument in the working precision
         assert len(loaded[name]) == 1, (name, loaded[name])
 
 
 def test_closed_set_evaluation_loads_no_gom_kernel():
     loaded = loaded_signatures([{"no_gom": True}])
-    assert loaded["gom_curves"] == [] and loaded["distance_range"] == []
-    assert all(len(loaded[name]) == 1 for name in ("row_terms", "pair_distances", "score_block", "rank_summaries"))
+    gom = ("kernels.gom_curves", "kernels.distance_range", "statistics.gom_hist.update_hist")
+    assert all(loaded[name] == [] for name in gom)
+    assert all(len(loaded[name]) == 1 for name in ENTRY_POINTS if name not in gom)

@@ -1,0 +1,124 @@
+"""Statistics: what the scoring pass counts per query, one mechanism for all of them.
+
+Each statistic declares
+
+* its per-query state (``fields``: arrays whose first axis runs over the queries or over their
+  positives, in the layout of ``state.Positives.offsets``), with how two states of it merge
+  (``sum``, ``min``, ``max`` - exact in any order - or its own ``merge``);
+* its chunk update (``update``: a numba kernel over one :data:`~.block.Block` of distances);
+* optionally ``prepare``: per-query-block data its update needs (computed once per block);
+* its finalisation, in ``metrics`` / ``gom`` / its own module, per trial.
+
+The scoring pass (``graph.score_chunk``) computes one distance block and runs the requested
+statistics on it (``StatState``).  Statistics: ``slots`` (ranking slots: CMC, AP, INP), ``gom``
+(GOM threshold histograms), ``dedup`` (identity-dedup CMC), ``sgs`` (single-gallery-shot CMC).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..state import segment_positions
+
+
+@dataclass(frozen=True)
+class Field:
+    """One array of a statistic's state: (``axis`` rows, *``shape``), ``dtype``, initial ``fill``,
+    and how two states of it merge."""
+
+    axis: str  # "query" or "positive"
+    dtype: type
+    shape: tuple
+    fill: object = 0
+    merge: str = "sum"  # "sum", "min", "max" or "own" (the statistic's merge)
+
+
+class Statistic:
+    """Base class; see the package docstring.  Subclasses set ``name`` and ``fields``."""
+
+    name = ""
+    fields: dict = {}
+
+    def prepare(self, meta, queries, positives):
+        """Per-query-block data for ``update`` (None unless a statistic needs some)."""
+        return None
+
+    def update(self, blk, rows: slice, state: dict, aux, run) -> None:
+        """Add the block's pairs to ``state``: this statistic's arrays for the block's query rows
+        ``rows`` (of the query block; positive-axis arrays whole), ``aux`` from ``prepare``, and
+        ``run``: the pass's ``graph.PassContext`` (GOM normalisation, gallery metadata)."""
+        raise NotImplementedError
+
+    def merge_own(self, key: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+_MERGES = {"sum": np.add, "min": np.minimum, "max": np.maximum}
+
+
+class StatState:
+    """The state of several statistics for a set of queries: ``arrays[key]`` for key
+    ``"<statistic>/<field>"``.  Moves whole queries between layouts (``take``, ``scatter``,
+    ``concat``) and merges, field by field, as each field declares."""
+
+    def __init__(self, statistics: tuple, arrays: dict):
+        self.statistics = statistics
+        self.arrays = arrays
+
+    @staticmethod
+    def specs(statistics) -> dict:
+        """key -> (statistic, Field) for every field of ``statistics``."""
+        return {f"{stat.name}/{name}": (stat, spec) for stat in statistics for name, spec in stat.fields.items()}
+
+    @classmethod
+    def empty(cls, statistics: tuple, n_queries: int, n_positives: int) -> "StatState":
+        arrays = {key: np.full(((n_queries if spec.axis == "query" else n_positives),) + spec.shape, spec.fill,
+                               dtype=spec.dtype)
+                  for key, (_, spec) in cls.specs(statistics).items()}
+        return cls(statistics, arrays)
+
+    def copy(self) -> "StatState":
+        return StatState(self.statistics, {key: arr.copy() for key, arr in self.arrays.items()})
+
+    def fields(self, statistic) -> dict:
+        """The arrays of ``statistic`` by field name."""
+        return {name: self.arrays[f"{statistic.name}/{name}"] for name in statistic.fields}
+
+    @staticmethod
+    def merge(a: "StatState", b: "StatState") -> "StatState":
+        out = {}
+        for key, (stat, spec) in StatState.specs(a.statistics).items():
+            if spec.merge == "own":
+                out[key] = stat.merge_own(key.split("/", 1)[1], a.arrays[key], b.arrays[key])
+            else:
+                out[key] = _MERGES[spec.merge](a.arrays[key], b.arrays[key])
+        return StatState(a.statistics, out)
+
+    def take(self, offsets: np.ndarray, queries: np.ndarray) -> "StatState":
+        """The state of ``queries`` (in that order); ``offsets`` is this state's positives layout."""
+        at = segment_positions(offsets, queries)
+        return StatState(self.statistics, {key: arr[queries if spec.axis == "query" else at]
+                                           for key, (_, spec), arr in self._items()})
+
+    @staticmethod
+    def scatter(statistics: tuple, offsets: np.ndarray, pieces: list) -> "StatState":
+        """The state of all queries in positives layout ``offsets``, from ``(queries, StatState)``
+        pieces that together cover every query once (each piece in its ``queries``' order)."""
+        out = StatState.empty(statistics, offsets.shape[0] - 1, int(offsets[-1]))
+        for queries, piece in pieces:
+            at = segment_positions(offsets, queries)
+            for key, (_, spec), arr in out._items():
+                arr[queries if spec.axis == "query" else at] = piece.arrays[key]
+        return out
+
+    @staticmethod
+    def concat(parts: list["StatState"]) -> "StatState":
+        """Consecutive query blocks joined in query order."""
+        return StatState(parts[0].statistics, {key: np.concatenate([p.arrays[key] for p in parts])
+                                               for key in parts[0].arrays})
+
+    def _items(self):
+        specs = self.specs(self.statistics)
+        return [(key, specs[key], arr) for key, arr in self.arrays.items()]

@@ -1,0 +1,129 @@
+"""GOM threshold histograms (METRICS.md section 4): per query and trial, its negatives counted by
+the first threshold tau_k that returns them (k = N + 1: never).  Additive over gallery rows.
+
+With ``fixed`` normalisation two diagnostics ride along (``QueryState.clipping``): the negatives
+(of any trial) whose d~ was clipped below LO / above HI, and each query's min / max canonical
+distance over all its pairs (what ``minmax`` would take).
+
+Bins are decided on the fast distance unless its window (``c_bins``, ``kernels.bin_error_bound``)
+straddles a threshold or LO / HI; then on the canonical distance.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from .. import kernels
+from ..kernels import U64, canonical_distance, clip_side, distance_window, normalise, threshold_bin
+from . import Field, Statistic
+from .block import kept_negative, trial_bit
+
+_jit = nb.njit(nogil=True, cache=True)
+_inline = nb.njit(nogil=True, cache=True, inline="always")
+
+
+@_inline
+def _row_bins(blk, i, c_bins, norm_mode, lo, span, n_bins, sides, dist, bins):
+    """bins[j]: the threshold that first returns row j of query i; ``dist`` (row i's distances,
+    a copy) gets the canonical distance where that decided the bin."""
+    for j in range(dist.shape[0]):
+        w = distance_window(dist[j], blk.qn[i], blk.gn[j], blk.metric, c_bins)
+        k = threshold_bin(normalise(dist[j] - w, norm_mode, lo, span), n_bins)
+        if (k != threshold_bin(normalise(dist[j] + w, norm_mode, lo, span), n_bins)) | (
+                sides and clip_side(dist[j] - w, lo, span) != clip_side(dist[j] + w, lo, span)):
+            dist[j] = canonical_distance(blk.qf, blk.gf, i, j, blk.qa[i], blk.ga[j], blk.metric)
+            k = threshold_bin(normalise(dist[j], norm_mode, lo, span), n_bins)
+        bins[j] = k
+
+
+@_inline
+def _count_clipped(blk, i, dist, lo, span, clipped):
+    """Add row i's negatives below LO and above HI (``clip_side``), and all of them, to ``clipped``."""
+    below = 0
+    above = 0
+    negatives = 0
+    for j in range(dist.shape[0]):
+        negative = kept_negative(blk, i, j)
+        side = clip_side(dist[j], lo, span)
+        below += negative & (side < 0)
+        above += negative & (side > 0)
+        negatives += negative
+    clipped[0] += below
+    clipped[1] += above
+    clipped[2] += negatives
+
+
+@_inline
+def _settle_extremes(blk, i, dist, low_out, high_out):
+    """Lower ``low_out[i]`` / raise ``high_out[i]`` to row i's canonical min / max distance.
+
+    The pair with the canonical minimum has a fast distance within its window of it, hence within
+    two windows of the fast minimum: those pairs are settled canonically, unless none of them can
+    lower the minimum so far (the same for the maximum).  ``reach`` bounds every window involved: a
+    window shrinks as the fast distance grows (but for its 4u d term, bounded at the row's
+    maximum), so the one at the fast minimum with the largest gallery norm is the widest.
+    """
+    low, high = kernels._extremes(dist)
+    gn_max = blk.gn.max()
+    reach = distance_window(low, blk.qn[i], gn_max, blk.metric, blk.c_dot) + 4.0 * U64 * high
+    if low - reach < low_out[i]:
+        for j in range(dist.shape[0]):
+            if dist[j] <= low + 2.0 * reach:
+                low_out[i] = min(low_out[i], canonical_distance(blk.qf, blk.gf, i, j, blk.qa[i], blk.ga[j], blk.metric))
+    if high + reach > high_out[i]:
+        for j in range(dist.shape[0]):
+            if dist[j] >= high - 2.0 * reach:
+                high_out[i] = max(high_out[i], canonical_distance(blk.qf, blk.gf, i, j, blk.qa[i], blk.ga[j], blk.metric))
+
+
+@_jit
+def update_hist(blk, c_bins, norm_mode, lo, span, n_bins, t_first, t_stop, hist, clipped, range_low, range_high):
+    """hist[i, t, k] += trial-t negatives of query i first returned at tau_k, for trials
+    [t_first, t_stop) (those sharing this normalisation); with fixed normalisation (``clipped``
+    has rows) also the clipping diagnostics."""
+    n_rows, n_cols = blk.dist.shape
+    dist = np.empty(n_cols, dtype=np.float64)
+    bins = np.empty(n_cols, dtype=np.int64)
+    sides = clipped.shape[0] > 0
+    for i in range(n_rows):
+        dist[:] = blk.dist[i]
+        if c_bins == 0.0:
+            for j in range(n_cols):
+                bins[j] = threshold_bin(normalise(dist[j], norm_mode, lo, span), n_bins)
+        else:
+            _row_bins(blk, i, c_bins, norm_mode, lo, span, n_bins, sides, dist, bins)
+        for j in range(n_cols):
+            negative = np.int64(kept_negative(blk, i, j))
+            bits = blk.g_bits[j] & blk.q_bits[i]
+            for t in range(t_first, t_stop):
+                hist[i, t, bins[j]] += negative * trial_bit(bits, t)
+        if sides and n_cols:
+            _count_clipped(blk, i, dist, lo, span, clipped[i])
+            _settle_extremes(blk, i, dist, range_low, range_high)
+
+
+class GomHist(Statistic):
+    name = "gom"
+
+    def __init__(self, n_trials: int, bins: int, fixed: bool, c_bins: float):
+        rows = 1 if fixed else 0  # the clipping diagnostics only exist with fixed normalisation
+        self.fields = {
+            "hist": Field("query", np.int64, (n_trials, bins + 2)),
+            "clipped": Field("query", np.int64, (3 * rows,)),  # below LO, above HI, negatives
+            "range_low": Field("query", np.float64, (rows,), np.inf, "min"),
+            "range_high": Field("query", np.float64, (rows,), -np.inf, "max"),
+        }
+        self.bins, self.fixed, self.c_bins = bins, fixed, c_bins
+
+    def update(self, blk, rows: slice, state: dict, aux, run) -> None:
+        clipped = state["clipped"] if self.fixed else np.empty((0, 3), np.int64)
+        low = state["range_low"][:, 0] if self.fixed else np.empty(0)
+        high = state["range_high"][:, 0] if self.fixed else np.empty(0)
+        n_trials = len(run.norms)
+        shared = all(norm == run.norms[0] for norm in run.norms)  # minmax with trials: one range per trial
+        for t_first, t_stop in [(0, n_trials)] if shared else [(t, t + 1) for t in range(n_trials)]:
+            norm = run.norms[t_first]
+            update_hist(blk, self.c_bins, norm.mode, norm.lo, norm.span, self.bins, t_first, t_stop, state["hist"],
+                        clipped, low, high)
+            clipped, low, high = clipped[:0], low[:0], high[:0]  # the diagnostics once
