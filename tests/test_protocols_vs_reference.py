@@ -28,6 +28,7 @@ CASES = {  # name: (protocol spec, overrides, gom)
     "sysu-all-mangye16": ("sysu-all", {"trials": 3, "trial_source": "mangye16-random"}, None),
     "identity-dedup-market": ("market", {"cmc": "identity-dedup"}, GOM),
     "mars": ("mars", {}, GOM),
+    "regdb-v2t": ("regdb", {"direction": "v2t"}, None),
     "vehicleid": ("vehicleid", {"trials": 3}, None),
     "cuhk03-sgs-sampled": ("cuhk03-sgs", {"sgs_repeats": 4}, None),
     "cuhk03-sgs-both-separate": ("cuhk03-sgs", {"sgs_mode": "both", "sgs_repeats": 3, "camera_rule": "separate-cameras"}, None),
@@ -123,3 +124,16 @@ def test_seeded_sgs_gives_the_same_numbers_for_any_chunking_and_changes_with_the
     assert runs[0] == runs[1] == runs[2]
     assert runs[3] == runs[4] == runs[5]
     assert math.isfinite(runs[0][0]["mAP"])
+
+
+def test_regdb_runs_both_directions_each_as_its_own_evaluation():
+    """t2v swaps the roles: thermal (the stored gallery) queries the visible images."""
+    qf, q_pid, q_cam, gf, g_pid, g_cam = problem(5)
+    data = dict(qf=qf, q_pids=q_pid, q_camids=q_cam, gf=gf, g_pids=g_pid, g_camids=g_cam)
+    swapped = dict(qf=gf, q_pids=g_pid, q_camids=g_cam, gf=qf, g_pids=q_pid, g_camids=q_cam)
+    both = streameval.evaluate(data, protocol="regdb", max_rank=8, no_gom=True)
+    for direction, arrays in (("v2t", data), ("t2v", swapped)):
+        alone = streameval.evaluate(arrays, protocol="regdb", direction="v2t", max_rank=8, no_gom=True).to_dict()
+        got = both.directions[direction]
+        assert got["n_queries"] == alone["n_queries"] and got["cmc"] == alone["cmc"] and got["mAP"] == alone["mAP"]
+    assert both.to_dict()["mAP"] == both.directions["v2t"]["mAP"]
