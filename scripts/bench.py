@@ -613,17 +613,12 @@ def classic_evaluation(args, kernel, combine):
     junk_pids = np.array([-1], dtype=np.int64)  # streameval's default junk_pids
 
     def once():
-        t = time.perf_counter()
-        data = classic_load(store)
-        t_load = time.perf_counter() - t
-
-        t = time.perf_counter()
-        distmat = classic_distmat(data, args.metric, combine)
-        t_dist = time.perf_counter() - t
+        seconds = {}
+        data, distmat = classic_matrix(store, args, combine, seconds)
 
         t = time.perf_counter()
         indices = classic_argsort(distmat, args.classic_sort_threads)
-        t_sort = time.perf_counter() - t
+        seconds["argsort"] = time.perf_counter() - t
 
         t = time.perf_counter()
         nq = data["qf"].shape[0]
@@ -635,11 +630,23 @@ def classic_evaluation(args, kernel, combine):
         metrics = _metrics(float(ap[valid].mean()) if n_valid else None,
                            float((first_hit[valid] == 1).mean()) if n_valid else None,
                            float(inp[valid].mean()) if n_valid else None, n_valid)
-        t_eval = time.perf_counter() - t
+        seconds["eval loop"] = time.perf_counter() - t
         del distmat, indices
-        return metrics, {"load": t_load, "distmat": t_dist, "argsort": t_sort, "eval loop": t_eval}
+        return metrics, seconds
 
     return once
+
+
+def classic_matrix(store, args, combine, seconds: dict):
+    """(ids and features, the full distance matrix), their times added to ``seconds`` as "load" and
+    "distmat": the first steps of every classic evaluation."""
+    t = time.perf_counter()
+    data = classic_load(store)
+    seconds["load"] = time.perf_counter() - t
+    t = time.perf_counter()
+    distmat = classic_distmat(data, args.metric, combine)
+    seconds["distmat"] = time.perf_counter() - t
+    return data, distmat
 
 
 def classic_load(store) -> dict:
@@ -735,12 +742,7 @@ def classic_cuhk03(store, args, combine):
     import numpy as np
 
     seconds = {}
-    t = time.perf_counter()
-    data = classic_load(store)
-    seconds["load"] = time.perf_counter() - t
-    t = time.perf_counter()
-    distmat = classic_distmat(data, args.metric, combine)
-    seconds["distmat"] = time.perf_counter() - t
+    data, distmat = classic_matrix(store, args, combine, seconds)
     t = time.perf_counter()
     indices = classic_argsort(distmat, args.classic_sort_threads)
     seconds["argsort"] = time.perf_counter() - t
@@ -805,12 +807,7 @@ def classic_sysu(store, args, combine):
     from streameval.draws import bits_to_masks, trial_bits
 
     seconds = {}
-    t = time.perf_counter()
-    data = classic_load(store)
-    seconds["load"] = time.perf_counter() - t
-    t = time.perf_counter()
-    distmat = classic_distmat(data, args.metric, combine)
-    seconds["distmat"] = time.perf_counter() - t
+    data, distmat = classic_matrix(store, args, combine, seconds)
     q_pids, q_camids, g_pids, g_camids = (data[k] for k in ("q_pids", "q_camids", "g_pids", "g_camids"))
     t = time.perf_counter()
     # the trial galleries streameval draws (upstream: random.choice per (pid, camera)), so numbers agree

@@ -112,7 +112,7 @@ class Settings:
         stats = self.statistics(meta, dim)
         return graph.Scoring(
             np.dtype(self.precision), kernels.METRIC_CODES[self.metric], self.rules, self.gom,
-            kernels.dot_error_bound(dim, self.precision), kernels.bin_error_bound(dim, self.precision), stats,
+            kernels.dot_error_bound(dim, self.precision), stats,
         )
 
     @property
@@ -317,9 +317,7 @@ def evaluate(
 
         save_state(state, store, settings, query_state)
         phases.lap("saving state")
-    pairs = len(store.query) * graph.extended_rows(graph.gallery_parts(store.query, store.gallery,
-                                                                       settings.protocol.gallery_includes_queries))
-    return make_result(store, settings, query_state, runner, read, pairs, meta)
+    return make_result(store, settings, query_state, runner, read, len(store.query) * query_state.gallery_rows, meta)
 
 
 def oriented(store: Store, protocol) -> Store:
@@ -330,15 +328,16 @@ def oriented(store: Store, protocol) -> Store:
 
 
 def _both_directions(store: Store, settings: Settings, execution: Execution, phases: Phases) -> metrics.Result:
-    """Each direction evaluated on its own; the first one's result holds both under ``directions``."""
+    """Each direction evaluated on its own; the first one's result (timed from the start, ``phases``)
+    holds both under ``directions``."""
     results = {}
     for direction in settings.protocol.directions:
         one = replace(settings, protocol=replace(settings.protocol, directions=(direction,)))
         swapped = oriented(store, one.protocol)
-        with session(swapped, one, execution, Phases()) as runner:
+        with session(swapped, one, execution, phases if not results else Phases()) as runner:
             query_state, read, meta = full_state(swapped, one, runner)
         results[direction] = make_result(swapped, one, query_state, runner, read,
-                                         len(swapped.query) * len(swapped.gallery), meta)
+                                         len(swapped.query) * query_state.gallery_rows, meta)
     first = results[settings.protocol.directions[0]]
     first.directions = {name: result.to_dict() for name, result in results.items()}
     return first
@@ -368,14 +367,16 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner: Run
     there are several, and how the run went: ``pairs`` scored, ``bytes_read``, any other
     ``run_facts``, and the time of each phase of ``runner.phases``, this one ("metrics") included,
     with numba's compiling or loading of the metric kernels (outside the progress bar) named apart."""
-    from . import metadata, trials
+    from . import trials
     from .store import read_ids
 
     meta = meta or graph.Metadata()
     with compile_timer() as compiling:
-        q_bits = metadata.query_bits(store.query, settings.rules, meta)
+        q_cam = read_ids(store.query)[1]
+        q_bits = meta.q_bits if meta.q_bits is not None else settings.rules.camera_bits(
+            q_cam, settings.protocol.query_cameras)
         norms = graph.normalisations(settings.gom, state.dist_range, settings.n_trials)
-        found, extras = trials.entries(state, settings, q_bits, read_ids(store.query)[1], meta, norms)
+        found, extras = trials.entries(state, settings, q_bits, q_cam, meta, norms)
         values, block = trials.headline(found, settings.max_rank, settings.std_ddof)
     runner.phases.lap("metrics", carved={"compiling kernels": compiling.seconds} if compiling.seconds else None)
     per_query = found[0]["per_query"] if len(found) == 1 else {

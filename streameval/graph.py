@@ -51,15 +51,14 @@ QUERY_SUB_BLOCK = 512  # query rows per GEMM inside a task: 512 x 4096 float32 d
 @dataclass(frozen=True)
 class Scoring:
     """What every task needs to score pairs: working dtype, metric code, the protocol's rules, GOM
-    options, the GEMM error bounds for ranking and threshold decisions (``kernels.dot_error_bound``,
-    ``kernels.bin_error_bound``) and the statistics the scoring pass counts."""
+    options, the GEMM error bound for ranking decisions (``kernels.dot_error_bound``; the threshold
+    bound is the GOM statistic's) and the statistics the scoring pass counts."""
 
     dtype: np.dtype
     metric: int
     rules: Rules
     gom: GomOptions | None
     dot_bound: float
-    bin_bound: float
     statistics: tuple
 
     @property

@@ -17,20 +17,23 @@ thresholds would cost more than the GEMM, so there a negative is binned by its f
 (``bin_error_bound``): only a distance within float32 rounding of a threshold can land one bin off.
 
 Ranking state.  For a query with positives ``p_1 < ... < p_n`` (ordered by ``(distance, gallery
-index)``), a negative's *slot* is the number of positives ordered before it.  ``neg_slots[a + s]``
-counts the negatives in slot ``s``; the j-th positive then has ``n_j = sum_{s<j} neg_slots[a + s]``
-negatives before it and rank ``r_j = j + n_j``.  Slot counts are additive over gallery chunks, which
-is what lets the gallery stream.
+index)``), a negative's *slot* is the number of positives ordered before it (``positives_before``).
+With ``slots[a + s]`` the negatives in slot ``s`` (counted by ``statistics.slots``), the j-th positive
+has ``n_j = sum_{s<j} slots[a + s]`` negatives before it and rank ``r_j = j + n_j``
+(``rank_summaries``).  Slot counts are additive over gallery chunks, which is what lets the gallery
+stream.
 
 Precision limits.  A float32 GEMM overflows on rows of huge norm and loses its products to underflow
 on rows of tiny norm, both silently.  ``NORM_RANGE`` is the range of nonzero row norms for which the
 bound ``dot_error_bound`` holds (derived there); ``graph.load_rows`` refuses a row outside it.
 
+The statistics' chunk updates (``statistics/``) are built from the helpers here.
+
 Start-up.  Kernels are compiled once and cached on disk (``cache=True``).  In a new process the
 first kernel call initialises numba's compiler context (~0.15 s, pure Python); loading a cached
-entry point then takes a few milliseconds.  Only the entry points ``row_terms``, ``pair_distances``,
-``distance_range``, ``score_block``, ``rank_summaries`` and ``gom_curves`` are called from Python;
-the ``_inline`` helpers are compiled into them.
+entry point then takes a few milliseconds.  Of this module only ``row_terms``, ``pair_distances``,
+``distance_range``, ``rank_summaries`` and ``gom_curves`` are called from Python; the ``_inline``
+helpers are compiled into their callers.
 """
 
 from __future__ import annotations

@@ -3,14 +3,17 @@ masks (PROTOCOLS.md 1.5-1.6) and the identities single-gallery-shot draws pick f
 
 Protocols without trials or sgs need none of it (trial bits then come from cameras, chunk by
 chunk), so a plain Market evaluation reads no id twice.  Otherwise the ids of every query and
-gallery row are read once here: 16 bytes a row, and the masks keep 8 bytes a row.
+gallery row are read once here, and this is the one place whose memory grows with the gallery's
+length (never with queries x gallery): ids 16 bytes a row while the draws are made, trial bits 8
+bytes a row for the run, and for sgs the kept rows per query camera, 8 bytes a row each.  Trial and
+sgs protocols are those of datasets of tens of thousands of images (SYSU-MM01, VehicleID, CUHK03).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .graph import Metadata, extended_rows
+from .graph import Metadata
 from .protocol import Rules, in_relation
 from .store import read_ids
 
@@ -43,13 +46,5 @@ def build(query, parts: tuple, rules: Rules) -> Metadata:
         in_gallery = rules.camera_bits(g_cam, protocol.gallery_cameras) != 0 if g_bits is None else g_bits != 0
         kept_base = in_gallery & (rules.junk_mask(g_pid) == 0)
         ident = identities(g_pid, g_cam, kept_base, q_cam, lambda c, cams: in_relation(protocol.x_any, c, cams))
-    assert g_bits is None or g_bits.shape[0] == extended_rows(parts)
     return Metadata(g_bits, q_bits, ident)
 
-
-def query_bits(query, rules: Rules, meta: Metadata) -> np.ndarray:
-    """Every query's trial bits."""
-    if meta.q_bits is not None:
-        return meta.q_bits
-    _, q_cam = read_ids(query)
-    return rules.camera_bits(q_cam, rules.protocol.query_cameras)

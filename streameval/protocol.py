@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .choices import INT64_MAX
 
 
 def relation_matrix(relation, q_cams: np.ndarray, g_cams: np.ndarray) -> np.ndarray:
@@ -76,7 +75,7 @@ class Rules:
 
     def camera_bits(self, cams: np.ndarray, allowed) -> np.ndarray:
         """Trial bits of rows without drawn trials: all T bits for rows whose camera is allowed."""
-        every = np.uint64((1 << self.n_trials) - 1) if self.n_trials < 64 else np.uint64(INT64_MAX * 2 + 1)
+        every = np.uint64((1 << self.n_trials) - 1)  # T <= 64 bits
         inside = np.ones(cams.shape, dtype=bool) if allowed is None else np.isin(cams, np.asarray(allowed))
         return np.where(inside, every, np.uint64(0)).astype(np.uint64)
 

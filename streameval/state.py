@@ -109,21 +109,3 @@ class QueryState:
     stats: object  # statistics.StatState
     dist_range: list | None
     gallery_rows: int
-
-    def clipping(self, lo: float, hi: float) -> dict:
-        """What fixed GOM normalisation to [lo, hi] clipped: the pairs GOM thresholds (positives,
-        from their exact distances, and negatives of any trial; junk is not thresholded) below LO
-        and above HI, out of ``pairs``, and the range of all pairs' distances, the one minmax would
-        take (None without pairs)."""
-        lo, span = float(lo), float(hi) - float(lo)
-        dist = self.positives.dist
-        arrays = self.stats.arrays
-        low = arrays["gom/range_low"].min(initial=np.inf)
-        high = arrays["gom/range_high"].max(initial=-np.inf)
-        return {
-            "below": int(arrays["gom/clipped"][:, 0].sum() + (dist < lo).sum()),  # as kernels.clip_side
-            "above": int(arrays["gom/clipped"][:, 1].sum() + (dist - lo > span).sum()),
-            "pairs": int(arrays["gom/clipped"][:, 2].sum() + dist.shape[0]),
-            "observed_min": float(low) if low <= high else None,
-            "observed_max": float(high) if low <= high else None,
-        }

@@ -15,6 +15,7 @@ import numpy as np
 from . import gom, metrics
 from .spread import STATS, spread
 from .statistics.dedup import dedup_ranks
+from .statistics.gom_hist import clipping
 from .statistics.sgs import expected_cmc
 from .statistics.slots import restrict
 
@@ -52,9 +53,8 @@ def entries(state, settings, q_bits: np.ndarray, q_cam: np.ndarray, meta, norms:
 
 
 def _entry(base: dict, closed: dict, per_query: dict, first_hit_cmc=None) -> dict:
-    entry = {**base, **closed, "per_query": per_query}
-    entry["cmc_first_hit"] = first_hit_cmc if first_hit_cmc is not None else None
-    return entry
+    """``first_hit_cmc``: the first-hit curve when the flavour is another (None otherwise)."""
+    return {**base, **closed, "per_query": per_query, "cmc_first_hit": first_hit_cmc}
 
 
 def _sgs_entries(state, settings, base, first_hit, per_query, valid, counted, q_cam, meta, extras) -> list:
@@ -90,7 +90,7 @@ def _gom(state, settings, positives, slots, t, in_trial, per_query, norm):
     summary = gom.summarize({name: c[in_trial] for name, c in curves.items()}, per_query["n_positives"][in_trial],
                             settings.gom, dist_range)
     if settings.gom.norm == "fixed":
-        summary["clipped"] = state.clipping(settings.gom.lo, settings.gom.hi)
+        summary["clipped"] = clipping(state, settings.gom.lo, settings.gom.hi)
     return summary
 
 

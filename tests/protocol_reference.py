@@ -20,7 +20,7 @@ import random
 from fractions import Fraction
 
 import numpy as np
-from reference import ap_rectangle, ap_trapezoid, inp
+from reference import ap_rectangle, ap_trapezoid, gom_of_queries, inp, normalised
 
 MASK64 = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15
@@ -267,59 +267,16 @@ def trial_gom(dist, queries, gallery, kept_of, g_pid, q_pid, *, norm="minmax", b
     queries, columns = sorted(queries), sorted(gallery)
     block = np.array([[float(dist[i, g]) for g in columns] for i in queries], dtype=np.float64)
     block = block.reshape(len(queries), len(columns))
-    dmin = float(block.min()) if block.size else None
-    dmax = float(block.max()) if block.size else None
-    if norm == "minmax":
-        normed = (block - dmin) / (dmax - dmin) if block.size and dmax > dmin else np.zeros_like(block)
-    elif norm == "none":
-        normed = block
-    else:
-        lo, hi = norm
-        normed = np.clip((block - lo) / (hi - lo), 0.0, 1.0)
+    normed, dmin, dmax = normalised(block, norm)
     tau = np.array([k * (1.0 / bins) for k in range(bins + 1)])
-    sums = {name: np.zeros(bins + 1) for name in ("rp", "vp", "rep", "fr")}
-    n_valid = n_open = 0
+    per_query = []
     for a, i in enumerate(queries):
         kept = kept_of[i]
-        kept_set = set(kept)
-        ranks = positive_ranks(kept, int(q_pid[i]), g_pid)
-        positives = [g for g in kept if int(g_pid[g]) == int(q_pid[i])]
-        n_junk = sum(1 for g in columns if g not in kept_set)
         normed_of = {g: normed[a, c] for c, g in enumerate(columns)}
-        for k, threshold in enumerate(tau):
-            returned = sum(1 for g in kept if normed_of[g] <= threshold) + (n_junk if threshold >= 1 else 0)
-            if not positives:
-                sums["fr"][k] += min(returned, b) / b
-                continue
-            hits = [j for j, g in enumerate(positives, start=1) if normed_of[g] <= threshold]
-            tp = len(hits)
-            rp = sum(j / ranks[j - 1] for j in hits) / tp if tp else 0.0
-            cap = returned if vp == "jaccard" else min(returned, ranks[-1])
-            vp_value = tp / (cap - tp + len(positives))
-            sums["rp"][k] += rp
-            sums["vp"][k] += vp_value
-            sums["rep"][k] += math.sqrt(rp * vp_value)
-        if positives:
-            n_valid += 1
-        else:
-            n_open += 1
-
-    def trapezoid(curve):
-        return sum((tau[k + 1] - tau[k]) * (curve[k] + curve[k + 1]) / 2 for k in range(bins))
-
-    out = {"tau": tau, "dmin": dmin, "dmax": dmax, "mRP": None, "mVP": None, "mReP": None, "mReP_max": None,
-           "tau_max": None, "mVP_max": None, "MREP": None, "mFR": None, "MFR": None, "tau_nz": None}
-    if n_valid:
-        m_rep = sums["rep"] / n_valid
-        best = max(m_rep)
-        out.update(mRP=sums["rp"] / n_valid, mVP=sums["vp"] / n_valid, mReP=m_rep, mReP_max=best,
-                   tau_max=float(tau[list(m_rep).index(best)]), mVP_max=max(sums["vp"] / n_valid),
-                   MREP=trapezoid(m_rep))
-    if n_open:
-        m_fr = sums["fr"] / n_open
-        nonzero = [float(tau[k]) for k in range(bins + 1) if m_fr[k] > 0]
-        out.update(mFR=m_fr, MFR=trapezoid(m_fr), tau_nz=nonzero[0] if nonzero else None)
-    return out
+        positives = [g for g in kept if int(g_pid[g]) == int(q_pid[i])]
+        per_query.append(([normed_of[g] for g in kept], [normed_of[g] for g in positives],
+                          positive_ranks(kept, int(q_pid[i]), g_pid), len(columns) - len(kept)))
+    return {"tau": tau, "dmin": dmin, "dmax": dmax, **gom_of_queries(per_query, tau, b, vp)}
 
 
 # ---- statistics over trials (section 1.7) -----------------------------------------------------

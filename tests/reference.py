@@ -135,19 +135,10 @@ def reference_gom(dist, q_pids, q_camids, g_pids, g_camids, *, protocol="market"
 
     ``norm``: "minmax", "none" or (LO, HI) for fixed.
     """
-    dist = np.asarray(dist, dtype=np.float64)
-    dmin, dmax = float(dist.min()), float(dist.max())
-    if norm == "minmax":
-        normed = (dist - dmin) / (dmax - dmin) if dmax > dmin else np.zeros_like(dist)
-    elif norm == "none":
-        normed = dist
-    else:
-        lo, hi = norm
-        normed = np.clip((dist - lo) / (hi - lo), 0.0, 1.0)
+    normed, dmin, dmax = normalised(np.asarray(dist, dtype=np.float64), norm)
     tau = np.array([i * (1.0 / bins) for i in range(bins + 1)])
     junk_set = set(int(p) for p in junk_pids)
-    sums = {name: np.zeros(bins + 1) for name in ("rp", "vp", "rep", "fr")}
-    n_valid = n_open = 0
+    queries = []
     for i in range(dist.shape[0]):
         q_pid, q_cam = int(q_pids[i]), int(q_camids[i])
         is_junk = np.array([
@@ -158,13 +149,37 @@ def reference_gom(dist, q_pids, q_camids, g_pids, g_camids, *, protocol="market"
         # positives in rank order with their normalised distances
         order = np.lexsort((np.arange(dist.shape[1]), dist[i]))
         positive_order = [g for g in order if not is_junk[g] and int(g_pids[g]) == q_pid]
-        n = len(positive_order)
+        queries.append((list(normed[i][~is_junk]), [normed[i, g] for g in positive_order], ranks, int(is_junk.sum())))
+    return {"tau": tau, "dmin": dmin, "dmax": dmax, **gom_of_queries(queries, tau, b, vp)}
+
+
+def normalised(dist: np.ndarray, norm):
+    """(d~ of every pair, dmin, dmax) for ``norm`` "minmax" (over these pairs), "none" or (LO, HI);
+    dmin and dmax are None without pairs."""
+    dmin = float(dist.min()) if dist.size else None
+    dmax = float(dist.max()) if dist.size else None
+    if norm == "minmax":
+        return ((dist - dmin) / (dmax - dmin) if dist.size and dmax > dmin else np.zeros_like(dist)), dmin, dmax
+    if norm == "none":
+        return dist, dmin, dmax
+    lo, hi = norm
+    return np.clip((dist - lo) / (hi - lo), 0.0, 1.0), dmin, dmax
+
+
+def gom_of_queries(queries, tau, b, vp) -> dict:
+    """GOM curves and summaries (METRICS.md 4.2-4.3) of ``queries``: per query (d~ of its kept rows,
+    d~ of its positives in rank order, their ranks, its number of junk rows)."""
+    bins = tau.shape[0] - 1
+    sums = {name: np.zeros(bins + 1) for name in ("rp", "vp", "rep", "fr")}
+    n_valid = n_open = 0
+    for kept, positives, ranks, n_junk in queries:
+        n = len(positives)
         for t, threshold in enumerate(tau):
-            returned = int(np.sum(~is_junk & (normed[i] <= threshold))) + (int(is_junk.sum()) if threshold >= 1 else 0)
+            returned = sum(1 for d in kept if d <= threshold) + (n_junk if threshold >= 1 else 0)
             if n == 0:
                 sums["fr"][t] += min(returned, b) / b
                 continue
-            hits = [j for j, g in enumerate(positive_order, start=1) if normed[i, g] <= threshold]
+            hits = [j for j, d in enumerate(positives, start=1) if d <= threshold]
             tp = len(hits)
             rp = sum(j / ranks[j - 1] for j in hits) / tp if tp else 0.0
             cap = returned if vp == "jaccard" else min(returned, ranks[-1])
@@ -180,8 +195,8 @@ def reference_gom(dist, q_pids, q_camids, g_pids, g_camids, *, protocol="market"
     def trapezoid(curve):
         return sum((tau[k + 1] - tau[k]) * (curve[k] + curve[k + 1]) / 2 for k in range(bins))
 
-    out = {"tau": tau, "dmin": dmin, "dmax": dmax, "mRP": None, "mVP": None, "mReP": None, "mReP_max": None,
-           "tau_max": None, "mVP_max": None, "MREP": None, "mFR": None, "MFR": None, "tau_nz": None}
+    out = {"mRP": None, "mVP": None, "mReP": None, "mReP_max": None, "tau_max": None, "mVP_max": None, "MREP": None,
+           "mFR": None, "MFR": None, "tau_nz": None}
     if n_valid:
         m_rep = sums["rep"] / n_valid
         best = max(m_rep)

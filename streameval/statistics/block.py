@@ -82,6 +82,23 @@ def positives_before(blk, i, j):
 
 
 @_inline
+def negative_in_reach(blk, i, j, limit):
+    """Whether row j is a kept negative of query i with a fast distance of at most ``limit``
+    (a ``reach``): the rows a ranking statistic looks at (few: those before some positive)."""
+    return (blk.dist[i, j] <= limit) and kept_negative(blk, i, j)
+
+
+@_inline
+def negative_slot(blk, i, j, limit):
+    """The slot of row j for query i (its positives before it) when it is a kept negative within
+    ``limit``; otherwise the query's number of positives: the slot past the last, which no rank
+    counts (as the slot of a negative after every positive)."""
+    if negative_in_reach(blk, i, j, limit):
+        return positives_before(blk, i, j)
+    return blk.pos_off[i + 1] - blk.pos_off[i]
+
+
+@_inline
 def before_key(blk, i, j, d_ref, g_ref):
     """Whether row j comes before the item (d_ref, g_ref) for query i (exact)."""
     d = blk.dist[i, j]

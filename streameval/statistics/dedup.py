@@ -14,7 +14,7 @@ import numpy as np
 
 from ..choices import INT64_MIN
 from . import Field, Statistic
-from .block import kept_negative, positives_before, reach, trial_bit
+from .block import negative_slot, reach, trial_bit
 
 EMPTY = INT64_MIN  # a reserved pid (no store holds it)
 _jit = nb.njit(nogil=True, cache=True)
@@ -52,13 +52,12 @@ def update_dedup(blk, held):
             continue
         limit = reach(blk, i, blk.pos_d[lo + last])
         for j in range(blk.dist.shape[1]):
-            if blk.dist[i, j] <= limit:
-                if kept_negative(blk, i, j):
-                    slot = positives_before(blk, i, j)
-                    bits = blk.g_bits[j] & blk.q_bits[i]
-                    for t in range(n_trials):
-                        if trial_bit(bits, t) & (slot <= first[t]) & (first[t] < n):
-                            _insert(held[i, t], blk.g_pid[j])
+            slot = negative_slot(blk, i, j, limit)
+            if slot < n:
+                bits = blk.g_bits[j] & blk.q_bits[i]
+                for t in range(n_trials):
+                    if trial_bit(bits, t) & (slot <= first[t]) & (first[t] < n):
+                        _insert(held[i, t], blk.g_pid[j])
 
 
 @_jit

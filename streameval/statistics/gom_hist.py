@@ -1,7 +1,7 @@
 """GOM threshold histograms (METRICS.md section 4): per query and trial, its negatives counted by
 the first threshold tau_k that returns them (k = N + 1: never).  Additive over gallery rows.
 
-With ``fixed`` normalisation two diagnostics ride along (``QueryState.clipping``): the negatives
+With ``fixed`` normalisation two diagnostics ride along (``clipping``): the negatives
 (of any trial) whose d~ was clipped below LO / above HI, and each query's min / max canonical
 distance over all its pairs (what ``minmax`` would take).
 
@@ -127,3 +127,22 @@ class GomHist(Statistic):
             update_hist(blk, self.c_bins, norm.mode, norm.lo, norm.span, self.bins, t_first, t_stop, state["hist"],
                         clipped, low, high)
             clipped, low, high = clipped[:0], low[:0], high[:0]  # the diagnostics once
+
+
+def clipping(state, lo: float, hi: float) -> dict:
+    """What fixed GOM normalisation to [lo, hi] clipped, from a ``state.QueryState``: the pairs GOM
+    thresholds (positives, from their exact distances, and negatives of any trial; junk is not
+    thresholded) below LO and above HI, out of ``pairs``, and the range of all pairs' distances, the
+    one minmax would take (None without pairs)."""
+    lo, span = float(lo), float(hi) - float(lo)
+    dist = state.positives.dist
+    arrays = state.stats.arrays
+    low = arrays["gom/range_low"].min(initial=np.inf)
+    high = arrays["gom/range_high"].max(initial=-np.inf)
+    return {
+        "below": int(arrays["gom/clipped"][:, 0].sum() + (dist < lo).sum()),  # as kernels.clip_side
+        "above": int(arrays["gom/clipped"][:, 1].sum() + (dist - lo > span).sum()),
+        "pairs": int(arrays["gom/clipped"][:, 2].sum() + dist.shape[0]),
+        "observed_min": float(low) if low <= high else None,
+        "observed_max": float(high) if low <= high else None,
+    }

@@ -22,7 +22,7 @@ import numba as nb
 import numpy as np
 
 from . import Field, Statistic
-from .block import before_key, kept_negative, positives_before, reach
+from .block import before_key, negative_in_reach, negative_slot, reach
 
 _jit = nb.njit(nogil=True, cache=True)
 
@@ -81,12 +81,11 @@ def update_sampled(blk, g_identity, drawn, key_d, key_g, counts):
             continue
         limit = reach(blk, i, key_d[i].max())  # the furthest drawn positive bounds every comparison
         for j in range(blk.dist.shape[1]):
-            if (blk.dist[i, j] <= limit) & (g_identity[j] >= 0):
-                if kept_negative(blk, i, j):
-                    row = blk.g_start + j
-                    for r in range(repeats):
-                        if drawn[i, g_identity[j], r] == row:
-                            counts[i, r] += before_key(blk, i, j, key_d[i, r], key_g[i, r])
+            if negative_in_reach(blk, i, j, limit):  # a kept negative's pid is an identity
+                row = blk.g_start + j
+                for r in range(repeats):
+                    if drawn[i, g_identity[j], r] == row:
+                        counts[i, r] += before_key(blk, i, j, key_d[i, r], key_g[i, r])
 
 
 @_jit
@@ -99,11 +98,9 @@ def update_expected(blk, g_identity, counts):
             continue
         limit = reach(blk, i, blk.pos_d[hi - 1])
         for j in range(blk.dist.shape[1]):
-            if (blk.dist[i, j] <= limit) & (g_identity[j] >= 0):
-                if kept_negative(blk, i, j):
-                    slot = positives_before(blk, i, j)
-                    if slot < hi - lo:
-                        counts[lo + slot, g_identity[j]] += 1
+            slot = negative_slot(blk, i, j, limit)
+            if slot < hi - lo:  # a kept negative's pid is an identity
+                counts[lo + slot, g_identity[j]] += 1
 
 
 class SgsSampled(Statistic):

@@ -14,7 +14,7 @@ import numba as nb
 import numpy as np
 
 from . import Field, Statistic
-from .block import kept_negative, positives_before, reach, trial_bit
+from .block import negative_slot, reach, trial_bit
 
 _jit = nb.njit(nogil=True, cache=True)
 
@@ -27,15 +27,13 @@ def update_slots(blk, counts):
         hi = blk.pos_off[i + 1]
         if hi == lo:
             continue
-        limit = reach(blk, i, blk.pos_d[hi - 1])
+        limit = reach(blk, i, blk.pos_d[hi - 1])  # rows past the last positive change no rank
         for j in range(blk.dist.shape[1]):
-            if blk.dist[i, j] <= limit:  # rare: rows past the last positive change no rank
-                if kept_negative(blk, i, j):
-                    slot = positives_before(blk, i, j)
-                    if slot < hi - lo:
-                        bits = blk.g_bits[j] & blk.q_bits[i]
-                        for t in range(n_trials):
-                            counts[lo + slot, t] += trial_bit(bits, t)
+            slot = negative_slot(blk, i, j, limit)
+            if slot < hi - lo:
+                bits = blk.g_bits[j] & blk.q_bits[i]
+                for t in range(n_trials):
+                    counts[lo + slot, t] += trial_bit(bits, t)
 
 
 class Slots(Statistic):
