@@ -614,11 +614,7 @@ def classic_evaluation(args, kernel, combine):
 
     def once():
         seconds = {}
-        data, distmat = classic_matrix(store, args, combine, seconds)
-
-        t = time.perf_counter()
-        indices = classic_argsort(distmat, args.classic_sort_threads)
-        seconds["argsort"] = time.perf_counter() - t
+        data, distmat, indices = classic_ranking(store, args, combine, seconds)
 
         t = time.perf_counter()
         nq = data["qf"].shape[0]
@@ -647,6 +643,15 @@ def classic_matrix(store, args, combine, seconds: dict):
     distmat = classic_distmat(data, args.metric, combine)
     seconds["distmat"] = time.perf_counter() - t
     return data, distmat
+
+
+def classic_ranking(store, args, combine, seconds: dict):
+    """``classic_matrix`` and every row's argsort (timed as "argsort"): (data, distmat, indices)."""
+    data, distmat = classic_matrix(store, args, combine, seconds)
+    t = time.perf_counter()
+    indices = classic_argsort(distmat, args.classic_sort_threads)
+    seconds["argsort"] = time.perf_counter() - t
+    return data, distmat, indices
 
 
 def classic_load(store) -> dict:
@@ -742,10 +747,7 @@ def classic_cuhk03(store, args, combine):
     import numpy as np
 
     seconds = {}
-    data, distmat = classic_matrix(store, args, combine, seconds)
-    t = time.perf_counter()
-    indices = classic_argsort(distmat, args.classic_sort_threads)
-    seconds["argsort"] = time.perf_counter() - t
+    data, distmat, indices = classic_ranking(store, args, combine, seconds)
     t = time.perf_counter()
     q_pids, q_camids, g_pids, g_camids = (data[k] for k in ("q_pids", "q_camids", "g_pids", "g_camids"))
     matches = (g_pids[indices] == q_pids[:, np.newaxis]).astype(np.int32)
