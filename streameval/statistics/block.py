@@ -82,20 +82,17 @@ def positives_before(blk, i, j):
 
 
 @_inline
-def negative_in_reach(blk, i, j, limit):
-    """Whether row j is a kept negative of query i with a fast distance of at most ``limit``
-    (a ``reach``): the rows a ranking statistic looks at (few: those before some positive)."""
-    return (blk.dist[i, j] <= limit) and kept_negative(blk, i, j)
+def negative_slot(blk, i, j):
+    """The slot of row j for query i (its positives before it) when it is a kept negative;
+    otherwise the query's number of positives: the slot past the last, which no rank counts (as the
+    slot of a negative after every positive).
 
-
-@_inline
-def negative_slot(blk, i, j, limit):
-    """The slot of row j for query i (its positives before it) when it is a kept negative within
-    ``limit``; otherwise the query's number of positives: the slot past the last, which no rank
-    counts (as the slot of a negative after every positive)."""
-    if negative_in_reach(blk, i, j, limit):
-        return positives_before(blk, i, j)
-    return blk.pos_off[i + 1] - blk.pos_off[i]
+    Called only for the few rows within a ``reach`` (the caller tests the distance first: the test
+    is the loop's fast path, this call its rare one)."""
+    slot = blk.pos_off[i + 1] - blk.pos_off[i]
+    if kept_negative(blk, i, j):
+        slot = positives_before(blk, i, j)
+    return slot
 
 
 @_inline

@@ -52,7 +52,9 @@ def update_dedup(blk, held):
             continue
         limit = reach(blk, i, blk.pos_d[lo + last])
         for j in range(blk.dist.shape[1]):
-            slot = negative_slot(blk, i, j, limit)
+            if blk.dist[i, j] > limit:
+                continue
+            slot = negative_slot(blk, i, j)
             if slot < n:
                 bits = blk.g_bits[j] & blk.q_bits[i]
                 for t in range(n_trials):

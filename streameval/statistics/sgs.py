@@ -22,7 +22,7 @@ import numba as nb
 import numpy as np
 
 from . import Field, Statistic
-from .block import before_key, negative_in_reach, negative_slot, reach
+from .block import before_key, kept_negative, negative_slot, reach
 
 _jit = nb.njit(nogil=True, cache=True)
 
@@ -81,7 +81,9 @@ def update_sampled(blk, g_identity, drawn, key_d, key_g, counts):
             continue
         limit = reach(blk, i, key_d[i].max())  # the furthest drawn positive bounds every comparison
         for j in range(blk.dist.shape[1]):
-            if negative_in_reach(blk, i, j, limit):  # a kept negative's pid is an identity
+            if blk.dist[i, j] > limit:
+                continue
+            if kept_negative(blk, i, j):  # a kept negative's pid is an identity
                 row = blk.g_start + j
                 for r in range(repeats):
                     if drawn[i, g_identity[j], r] == row:
@@ -98,7 +100,9 @@ def update_expected(blk, g_identity, counts):
             continue
         limit = reach(blk, i, blk.pos_d[hi - 1])
         for j in range(blk.dist.shape[1]):
-            slot = negative_slot(blk, i, j, limit)
+            if blk.dist[i, j] > limit:
+                continue
+            slot = negative_slot(blk, i, j)
             if slot < hi - lo:  # a kept negative's pid is an identity
                 counts[lo + slot, g_identity[j]] += 1
 

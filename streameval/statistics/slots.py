@@ -27,9 +27,11 @@ def update_slots(blk, counts):
         hi = blk.pos_off[i + 1]
         if hi == lo:
             continue
-        limit = reach(blk, i, blk.pos_d[hi - 1])  # rows past the last positive change no rank
+        limit = reach(blk, i, blk.pos_d[hi - 1])
         for j in range(blk.dist.shape[1]):
-            slot = negative_slot(blk, i, j, limit)
+            if blk.dist[i, j] > limit:  # most rows: past the last positive, they change no rank
+                continue
+            slot = negative_slot(blk, i, j)
             if slot < hi - lo:
                 bits = blk.g_bits[j] & blk.q_bits[i]
                 for t in range(n_trials):
