@@ -60,6 +60,7 @@ OFFICIAL_HEADER = ("trial", "camera", "pid", "images")
 
 _MASK64 = (1 << 64) - 1
 _MIX_MULTIPLIERS = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+_MIX_SHIFTS = (np.uint64(30), np.uint64(27), np.uint64(31))
 _INTEGER = re.compile(r"-?[0-9]+")
 
 
@@ -75,13 +76,18 @@ def _as_u64(word):
     raise TypeError(f"hash words must be integers, got dtype {array.dtype}")
 
 
+def mix_words(z):
+    """SplitMix64's finaliser (section 1.6) on uint64 words: numpy arrays here, and the same
+    function compiled by numba for draws made inside a kernel (``statistics.sgs``)."""
+    z = (z ^ (z >> _MIX_SHIFTS[0])) * _MIX_MULTIPLIERS[0]
+    z = (z ^ (z >> _MIX_SHIFTS[1])) * _MIX_MULTIPLIERS[1]
+    return z ^ (z >> _MIX_SHIFTS[2])
+
+
 def mix64(z):
     """SplitMix64's finaliser (section 1.6), elementwise, mod 2^64."""
-    z = _as_u64(z)
     with np.errstate(over="ignore"):
-        z = (z ^ (z >> np.uint64(30))) * _MIX_MULTIPLIERS[0]
-        z = (z ^ (z >> np.uint64(27))) * _MIX_MULTIPLIERS[1]
-        return np.asarray(z ^ (z >> np.uint64(31)), dtype=np.uint64)
+        return np.asarray(mix_words(_as_u64(z)), dtype=np.uint64)
 
 
 def hash_words(seed, *words) -> np.ndarray:

@@ -5,8 +5,10 @@ identities whose drawn row comes before q's drawn positive.
 
 * **sampled** (``SgsSampled``): the draws of repeat r are seeded hashes (``draws.hash_words``, tag
   1, words r, query row, pid), so they do not depend on chunking.  ``prepare`` draws, per query
-  block, every identity's row and the positive (its key), and the update adds 1 to counts[q, r]
-  when a row is its identity's drawn row for (q, r) and comes before the drawn positive.
+  block, the positive of each repeat (its key); the update adds 1 to counts[q, r] when a row is
+  its identity's drawn row for (q, r) and comes before the drawn positive.  It draws only for the
+  rows within reach of the query's furthest drawn positive, so nothing of size queries x
+  identities x repeats is made.
 * **expected** (``SgsExpected``, the limit of infinitely many repeats): counts[a + s, j] = kept rows
   of identity j in slot s (after s of q's positives); then c_j(p_m) = sum_{s <= m} counts[a + s, j]
   rows of j come before positive m, and given p_m is drawn, identity j's draw comes first with
@@ -16,15 +18,23 @@ identities whose drawn row comes before q's drawn positive.
 
 from __future__ import annotations
 
+from collections import namedtuple
 from dataclasses import dataclass
 
 import numba as nb
 import numpy as np
 
+from ..draws import GAMMA, SGS_DRAW_TAG, hash_words, mix_words
 from . import Field, Statistic
 from .block import before_key, kept_negative, negative_slot, reach
 
 _jit = nb.njit(nogil=True, cache=True)
+
+SgsDraws = namedtuple("SgsDraws", [
+    "tagged_seed",  # uint64: the hash state after the seed and tag 1
+    "q_class", "q_index", "key_d", "key_g",  # per query: camera class, row; drawn positive per repeat
+    "rows", "class_start", "starts", "counts",  # Identities.rows concatenated, each class's start in it
+])
 
 
 @dataclass(frozen=True)
@@ -71,23 +81,40 @@ def identities(g_pid, g_cam, kept_base, q_cams, excluded_any) -> Identities:
                       np.array(counts, dtype=np.int64).reshape(shape))
 
 
+_mix = nb.njit(nogil=True, cache=True, inline="always")(mix_words)
+_GAMMA = np.uint64(GAMMA)
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _absorb(h, word):
+    """One word into the hash state: the step of ``draws.hash_words``."""
+    return _mix((h ^ np.uint64(word)) + _GAMMA)
+
+
 @_jit
-def update_sampled(blk, g_identity, drawn, key_d, key_g, counts):
+def update_sampled(blk, g_identity, draws, counts):
     """counts[i, r] += rows that are their identity's draw for (i, r) and come before the drawn
-    positive (key_d[i, r], key_g[i, r])."""
+    positive.  Only rows within reach of the query's furthest drawn positive are drawn for: a row is
+    identity j's draw for (i, r) when its ordinal among j's kept rows for the query's camera class
+    equals H(seed; 1, r, query row, pid) mod n_j(q)."""
     repeats = counts.shape[1]
     for i in range(blk.dist.shape[0]):
         if blk.pos_off[i + 1] == blk.pos_off[i]:
             continue
-        limit = reach(blk, i, key_d[i].max())  # the furthest drawn positive bounds every comparison
+        limit = reach(blk, i, draws.key_d[i].max())
+        c = draws.q_class[i]
         for j in range(blk.dist.shape[1]):
             if blk.dist[i, j] > limit:
                 continue
-            if kept_negative(blk, i, j):  # a kept negative's pid is an identity
+            if kept_negative(blk, i, j):  # a kept negative is one of its identity's kept rows
                 row = blk.g_start + j
+                lo = draws.class_start[c] + draws.starts[c, g_identity[j]]
+                n = draws.counts[c, g_identity[j]]
+                ordinal = np.searchsorted(draws.rows[lo:lo + n], row)
                 for r in range(repeats):
-                    if drawn[i, g_identity[j], r] == row:
-                        counts[i, r] += before_key(blk, i, j, key_d[i, r], key_g[i, r])
+                    h = _absorb(_absorb(_absorb(draws.tagged_seed, r), draws.q_index[i]), blk.g_pid[j])
+                    if h % np.uint64(n) == np.uint64(ordinal):
+                        counts[i, r] += before_key(blk, i, j, draws.key_d[i, r], draws.key_g[i, r])
 
 
 @_jit
@@ -115,38 +142,29 @@ class SgsSampled(Statistic):
         self.fields = {"counts": Field("query", np.int64, (repeats,))}
 
     def prepare(self, meta, queries, positives):
-        """Per query of the block: every identity's drawn row per repeat (queries, J, R; -1 for
-        none), and the drawn positive's distance and row (queries, R)."""
-        from ..draws import hash_words
-
+        """Per query of the block: its camera class and row, and the drawn positive's distance and
+        row per repeat (queries, R); the other identities are drawn inside the update."""
         ident = meta.identities
         n_q, n_r = len(queries.pids), self.repeats
         repeat = np.arange(n_r, dtype=np.int64)
-        classes = ident.camera_class(queries.camids)
-        drawn = np.full((n_q, ident.pids.shape[0], n_r), -1, dtype=np.int64)
-        for c in range(ident.q_classes.shape[0]):
-            mine = np.flatnonzero(classes == c)
-            have = np.flatnonzero(ident.counts[c] > 0)
-            if mine.size == 0 or have.size == 0:
-                continue
-            words = (repeat[None, None, :], queries.index[mine][:, None, None], ident.pids[have][None, :, None])
-            u = hash_words(self.seed, 1, *words) % ident.counts[c][have][None, :, None].astype(np.uint64)
-            drawn[mine[:, None, None], have[None, :, None], repeat] = \
-                ident.rows[c][ident.starts[c][have][None, :, None] + u.astype(np.int64)]
         key_d = np.zeros((n_q, n_r))
         key_g = np.zeros((n_q, n_r), dtype=np.int64)
         for i in np.flatnonzero(positives.counts > 0):
             lo, hi = positives.offsets[i], positives.offsets[i + 1]
             by_row = lo + np.argsort(positives.gidx[lo:hi], kind="stable")  # draws index rows by gallery index
-            pick = by_row[(hash_words(self.seed, 1, repeat, queries.index[i], queries.pids[i])
+            pick = by_row[(hash_words(self.seed, SGS_DRAW_TAG, repeat, queries.index[i], queries.pids[i])
                            % np.uint64(hi - lo)).astype(np.int64)]
             key_d[i], key_g[i] = positives.dist[pick], positives.gidx[pick]
-        return drawn, key_d, key_g
+        rows = ident.rows
+        return SgsDraws(hash_words(self.seed, SGS_DRAW_TAG)[()], ident.camera_class(queries.camids),
+                        np.asarray(queries.index, dtype=np.int64), key_d, key_g,
+                        np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64),
+                        np.cumsum([0] + [r.shape[0] for r in rows]).astype(np.int64), ident.starts, ident.counts)
 
     def update(self, blk, rows: slice, state: dict, aux, run) -> None:
-        drawn, key_d, key_g = aux
-        g_identity = run.meta.identities.identity_index(blk.g_pid)
-        update_sampled(blk, g_identity, drawn[rows], key_d[rows], key_g[rows], state["counts"])
+        draws = aux._replace(q_class=aux.q_class[rows], q_index=aux.q_index[rows],
+                             key_d=aux.key_d[rows], key_g=aux.key_g[rows])
+        update_sampled(blk, run.meta.identities.identity_index(blk.g_pid), draws, state["counts"])
 
 
 class SgsExpected(Statistic):
