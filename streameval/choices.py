@@ -3,6 +3,7 @@
 METRICS = ("euclidean", "sqeuclidean", "cosine")
 PRECISIONS = ("float32", "float64")
 GOM_VP_MODES = ("reference", "jaccard")
+SUMMARY_FORMATS = ("table", "markdown", "csv", "latex")  # --format of eval / update / aggregate
 
 # Upper bounds that keep the per-query state and the curves small (beyond them numbers stop changing
 # or memory explodes: a CMC past the gallery is flat, a grid finer than 1e-5 bins nothing new).

@@ -1,52 +1,293 @@
-"""``streameval plot``: CMC and GOM curves of a result JSON, for people who would rather look."""
+"""``streameval plot``: the curves of one or more result JSONs, overlaid, for people who would rather look.
+
+One panel per kind of data, left out when no result has it, one colour per result on every panel:
+
+* CMC, in percent against the rank, the y axis from just below the lowest point plotted; with trials
+  (or an aggregate of runs) a band of +- 1 std around the mean curve;
+* GOM mReP against tau (queries with positives), tau_max marked; a single result also shows the mRP
+  and mVP it is made of;
+* GOM mFR against tau (open-set queries);
+* rank-1 and mAP of every trial (results with trials).
+
+Reading a file checks what will be drawn (:func:`curves`), so a foreign or hand-edited JSON is one
+error line naming it; matplotlib is imported only to draw (:func:`figure`).
+"""
 
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import dataclass
 
-from .errors import OptionError, StoreError
+import numpy as np
+
+from .errors import OptionError, StoreError, one_line
+
+IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".eps", ".tif", ".tiff")
+GOM_CURVES = ("mReP", "mRP", "mVP", "mFR")
+GOM_VALUES = ("mReP_max", "tau_max", "MREP", "MFR", "tau_nz")
 
 
-def plot_result(result_json: str, out_png: str) -> None:
-    """Two panels: CMC@k; mReP (and mRP, mVP) and mFR against tau with tau_max marked."""
+# --------------------------------------------------------------------------------- arguments
+
+
+def arguments(files, out: str | None, labels: str | None) -> tuple[list[str], str, list[str]]:
+    """(result files, image, legend labels) from the command line: the image is ``out`` (--out) or,
+    without it, the last of ``files`` (``streameval plot RESULT.json OUT.png``); an image suffix
+    tells the image from the results, so neither form is ambiguous."""
+    files = [os.fspath(f) for f in files]
+    if out is None:
+        if len(files) < 2 or not _is_image(files[-1]):
+            raise OptionError(f"no image to write: the last FILE ('{files[-1]}') must be one "
+                              f"({', '.join(IMAGE_SUFFIXES)}), or give --out OUT.png")
+        files, out = files[:-1], files[-1]
+    elif not _is_image(out):
+        raise OptionError(f"--out '{out}' is not an image: end it in one of {', '.join(IMAGE_SUFFIXES)}")
+    for path in files:
+        if _is_image(path):
+            raise OptionError(f"'{path}' is an image, not a result JSON: name one image, with --out or last")
+        if not os.path.isfile(path):
+            raise OptionError(f"no result file '{path}'")
+    return files, out, _labels(files, labels)
+
+
+def _is_image(path: str) -> bool:
+    return os.path.splitext(os.fspath(path))[1].lower() in IMAGE_SUFFIXES
+
+
+def _labels(files: list[str], labels: str | None) -> list[str]:
+    """``--labels A,B`` split, one per file; by default the file names without their suffix (the
+    paths, when two names are the same)."""
+    if labels is None:
+        stems = [os.path.splitext(os.path.basename(path))[0] for path in files]
+        return stems if len(set(stems)) == len(stems) else files
+    names = [name.strip() for name in labels.split(",")]
+    if len(names) != len(files):
+        raise OptionError(f"--labels has {len(names)} labels for {len(files)} results; give one per result, in order")
+    if not all(names) or len(set(names)) != len(names):
+        raise OptionError("--labels must be non-empty and different: they tell the results apart in the legends")
+    return names
+
+
+# ---------------------------------------------------------------------------------- reading
+
+
+@dataclass
+class Curves:
+    """What is drawn of one result; percent for the closed-set values, 0-1 for GOM."""
+
+    label: str
+    metric: str
+    protocol: str
+    cmc_flavour: str
+    cmc: np.ndarray | None  # CMC@1..max_rank, %
+    cmc_std: np.ndarray | None  # over trials or runs, %
+    spread_over: str | None  # "trials" | "runs"
+    mAP: float | None  # %
+    tau: np.ndarray | None
+    gom: dict  # the GOM curves present (mReP, mRP, mVP, mFR), GOM_VALUES and normalisation; {} without GOM
+    per_trial: dict | None  # rank1, mAP (%), one value per trial
+
+
+def load(path: str, label: str) -> Curves:
+    """The curves of the result JSON at ``path`` (StoreError, naming it, when it is none)."""
     try:
-        import matplotlib
+        with open(path, encoding="utf-8") as fh:
+            return curves(json.load(fh), label)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise StoreError(f"'{path}' is not a streameval result JSON ({one_line(exc)})") from None
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise OptionError("plotting needs matplotlib: in the streameval clone, run .venv/bin/pip install -e '.[plot]'") from None
-    try:
-        with open(result_json) as fh:
-            result = json.load(fh)
-        cmc, gom = result["cmc"], result.get("gom")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise StoreError(f"'{result_json}' is not a streameval result JSON ({exc})") from None
-    fig, (ax_cmc, ax_gom) = plt.subplots(1, 2, figsize=(11, 4.2))
-    if cmc:
-        ranks = range(1, len(cmc) + 1)
-        ax_cmc.plot(ranks, cmc, marker=".", color="tab:blue")
-        ax_cmc.set_title(f"CMC  (rank-1 {cmc[0]:.2%}, mAP {result['mAP']:.2%})")
-    else:
-        ax_cmc.text(0.5, 0.5, "no query with positives", ha="center", transform=ax_cmc.transAxes)
-    ax_cmc.set(xlabel="rank k", ylabel="CMC@k", ylim=(0, 1.02))
-    ax_cmc.grid(alpha=0.3)
-    if gom:
-        tau = gom["tau"]
-        for key, style in (("mReP", "-"), ("mRP", ":"), ("mVP", "--"), ("mFR", "-")):
-            if gom.get(key) is not None:
-                ax_gom.plot(tau, gom[key], style, label=key)
-        if gom.get("tau_max") is not None:
-            ax_gom.axvline(gom["tau_max"], color="grey", lw=0.8)
-            ax_gom.annotate(f"tau_max={gom['tau_max']:.2f}\nmReP_max={gom['mReP_max']:.3f}",
-                            (gom["tau_max"], gom["mReP_max"]), textcoords="offset points", xytext=(8, 8),
-                            fontsize=9, bbox={"boxstyle": "round", "fc": "white", "ec": "grey", "alpha": 0.9})
-        ax_gom.set_title(f"GOM ({gom['normalisation']})")
-        ax_gom.legend(loc="best")
-    else:
-        ax_gom.text(0.5, 0.5, "GOM not computed (--no-gom)", ha="center", transform=ax_gom.transAxes)
-    ax_gom.set(xlabel="tau (normalised distance threshold)", ylim=(0, 1.02))
-    ax_gom.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
+
+def curves(result: dict, label: str) -> Curves:
+    """``result`` (a result or aggregate JSON) as :class:`Curves`; ValueError, KeyError or TypeError
+    when a value is not what streameval writes.  A regdb result of both directions is drawn by its
+    headline, the first direction (the label says which)."""
+    if result.get("directions"):
+        label += f" ({next(iter(result['directions']))})"
+    cmc = _array(result["cmc"], result["max_rank"], 100)
+    trials, aggregate = result.get("trials"), result.get("aggregate")
+    spread = trials or aggregate
+    gom = result["gom"]
+    tau = None if gom is None else _array(gom["tau"], gom["bins"] + 1)
+    gom_found = {} if gom is None else {
+        **{name: _array(gom[name], len(tau)) for name in GOM_CURVES if gom[name] is not None},
+        **{name: _number(gom[name]) for name in GOM_VALUES}, "normalisation": str(gom["normalisation"])}
+    protocol = result["protocol"]
+    return Curves(
+        label=label, metric=str(result["metric"]), cmc_flavour=str(result.get("cmc_flavour", "first-hit")),
+        protocol=str(protocol["name"] if isinstance(protocol, dict) else protocol),
+        cmc=cmc, cmc_std=None if spread is None or cmc is None else _array(spread["std"]["cmc"], len(cmc), 100),
+        spread_over=None if spread is None else ("trials" if trials else "runs"),
+        mAP=None if result["mAP"] is None else 100 * _number(result["mAP"]), tau=tau, gom=gom_found,
+        per_trial=None if not trials else {name: _array([t[name] for t in trials["per_trial"]],
+                                                        len(trials["per_trial"]), 100, gaps=True)
+                                           for name in ("rank1", "mAP")},
+    )
+
+
+def _array(values, length: int, scale: float = 1, gaps: bool = False) -> np.ndarray | None:
+    """A curve of ``length`` finite numbers, scaled; None stays None.  With ``gaps`` a null point
+    (a trial without positives) is allowed and drawn as a gap."""
+    if values is None:
+        return None
+    array = np.asarray(values, dtype=np.float64)  # null -> NaN
+    if array.shape != (length,):
+        raise ValueError(f"a curve of {array.shape} values where {length} were expected")
+    if (np.isinf(array) if gaps else ~np.isfinite(array)).any():
+        raise ValueError("a curve with " + ("infinite" if gaps else "null or non-finite") + " values")
+    return scale * array
+
+
+def _number(value) -> float | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise TypeError(f"{value!r} is not a number")
+    return None if value is None else float(value)
+
+
+# ---------------------------------------------------------------------------------- drawing
+
+
+def plot_results(paths: list[str], out: str, labels: list[str]) -> None:
+    """Read every result, then draw them into the image ``out`` (its suffix picks the format)."""
+    figure([load(path, label) for path, label in zip(paths, labels)]).savefig(out, dpi=110)
+
+
+def figure(runs: list[Curves]):
+    """The matplotlib Figure of ``runs``: the panels some run has data for, side by side."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
+
+    panels = [draw for has_data, draw in PANELS if any(has_data(run) for run in runs)]
+    if not panels:
+        raise StoreError("nothing to plot: no result has a CMC (no query with positives), GOM curves or trials")
+    fig = Figure(figsize=(5.4 * len(panels), 4.6), layout="constrained")
+    for ax, draw in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
+        draw(ax, runs)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize=8)
+    shared = {(run.metric, run.protocol) for run in runs}
+    if len(shared) == 1:
+        metric, protocol = shared.pop()
+        fig.suptitle(f"{metric} distance, protocol {protocol}", fontsize=10)
+    return fig
+
+
+def _colour(i: int) -> str:
+    return f"C{i % 10}"  # one per run, the same on every panel
+
+
+def _cmc_panel(ax, runs: list[Curves]) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    lows, highs = [], []
+    for i, run in enumerate(runs):
+        if run.cmc is None:
+            continue
+        ranks = np.arange(1, len(run.cmc) + 1)
+        ax.plot(ranks, run.cmc, color=_colour(i), marker="." if len(ranks) <= 60 else None,
+                label=f"{run.label}: rank-1 {run.cmc[0]:.2f}%, mAP {_fmt(run.mAP, '.2f')}%")
+        low = high = run.cmc
+        if run.cmc_std is not None:
+            low, high = run.cmc - run.cmc_std, run.cmc + run.cmc_std
+            ax.fill_between(ranks, low, high, color=_colour(i), alpha=0.15, linewidth=0)
+        lows.append(low)
+        highs.append(high)
+    ax.set_ylim(*_limits(lows + highs, 100))
+    last = max(len(run.cmc) for run in runs if run.cmc is not None)
+    ax.set_xlim(1 - 0.02 * last, last * 1.02)  # from rank 1, with room for its marker
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    flavours = sorted({run.cmc_flavour for run in runs if run.cmc is not None} - {"first-hit"})
+    spreads = sorted({run.spread_over for run in runs if run.cmc_std is not None})
+    title = "CMC" + (f" ({', '.join(flavours)})" if flavours else "")
+    if spreads:
+        title += f", band: +-1 std over {' / '.join(spreads)}"
+    ax.set(xlabel="rank k", ylabel="CMC@k (%)", title=title)
+
+
+def _rep_panel(ax, runs: list[Curves]) -> None:
+    """mReP per run (with its mRP and mVP when there is one run), tau_max marked."""
+    alone = len(runs) == 1
+    drawn = ["mReP", "mRP", "mVP"] if alone else ["mReP"]
+    values = []
+    for i, run in enumerate(runs):
+        if "mReP" not in run.gom:
+            continue
+        g = run.gom
+        ax.plot(run.tau, g["mReP"], color=_colour(i), label=f"{run.label}: mReP, max {_fmt(g['mReP_max'])} at tau "
+                f"{_fmt(g['tau_max'], '.2f')}, MREP {_fmt(g['MREP'])}")
+        for name, style in zip(drawn[1:], (":", "--")):
+            ax.plot(run.tau, g[name], style, color=_colour(i), label=name)
+        if g["tau_max"] is not None and g["mReP_max"] is not None:
+            _mark_tau_max(ax, g["tau_max"], g["mReP_max"], _colour(i), annotate=alone)
+        values += [g[name] for name in drawn]
+    ax.set_ylim(*_limits(values, 1))
+    ax.set(xlabel="tau (normalised distance threshold, 0-1)", ylabel=", ".join(drawn) + " (0-1)",
+           title="GOM, queries with positives" + _normalisations(runs))
+
+
+def _mark_tau_max(ax, tau_max: float, rep_max: float, colour: str, annotate: bool) -> None:
+    """A dot at the curve's maximum (a collection, not a line: lines are curves), with its values
+    written beside it when the panel is not crowded."""
+    ax.scatter([tau_max], [rep_max], color=colour, zorder=3, s=25)
+    if annotate:
+        ax.annotate(f"tau_max = {tau_max:.2f}\nmReP_max = {rep_max:.4f}", (tau_max, rep_max),
+                    textcoords="offset points", xytext=(10, -28), fontsize=8,
+                    bbox={"boxstyle": "round", "fc": "white", "ec": "grey", "alpha": 0.9})
+
+
+def _fr_panel(ax, runs: list[Curves]) -> None:
+    values = []
+    for i, run in enumerate(runs):
+        if "mFR" not in run.gom:
+            continue
+        ax.plot(run.tau, run.gom["mFR"], color=_colour(i),
+                label=f"{run.label}: MFR {_fmt(run.gom['MFR'])}, tau_nz {_fmt(run.gom['tau_nz'], '.2f')}")
+        values.append(run.gom["mFR"])
+    ax.set_ylim(*_limits(values, 1))
+    ax.set(xlabel="tau (normalised distance threshold, 0-1)", ylabel="mFR (0-1)",
+           title="GOM, open-set queries" + _normalisations(runs))
+
+
+def _trials_panel(ax, runs: list[Curves]) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    values = []
+    for i, run in enumerate(runs):
+        if run.per_trial is None:
+            continue
+        trials = np.arange(1, len(run.per_trial["rank1"]) + 1)
+        for name, style in (("rank1", "o-"), ("mAP", "s--")):
+            ax.plot(trials, run.per_trial[name], style, color=_colour(i), markersize=4,
+                    label=f"{run.label}: {'rank-1' if name == 'rank1' else name}")
+            values.append(run.per_trial[name])
+    ax.set_ylim(*_limits(values, 100))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(xlabel="trial", ylabel="rank-1 and mAP (%)", title="Each trial (rank-1 solid, mAP dashed)")
+
+
+PANELS = (  # (has data, draw)
+    (lambda run: run.cmc is not None, _cmc_panel),
+    (lambda run: "mReP" in run.gom, _rep_panel),
+    (lambda run: "mFR" in run.gom, _fr_panel),
+    (lambda run: run.per_trial is not None and not np.isnan(run.per_trial["rank1"]).all(), _trials_panel),
+)
+
+
+def _limits(curves: list[np.ndarray], top: float) -> tuple[float, float]:
+    """The y range of the points drawn (gaps aside): from a little below the lowest to a little
+    above the highest (never below 0), so the differences between the curves fill the panel
+    instead of a range from 0.  ``top``: the scale's maximum (100 for percent, 1 for GOM)."""
+    points = np.concatenate(curves)
+    points = points[~np.isnan(points)]
+    low, high = points.min(), points.max()
+    pad = max(0.05 * (high - low), 0.01 * top)
+    return max(0.0, low - pad), high + pad
+
+
+def _normalisations(runs: list[Curves]) -> str:
+    """The GOM normalisation in a title, when the runs share one."""
+    found = {run.gom["normalisation"] for run in runs if run.gom}
+    return f" ({found.pop()})" if len(found) == 1 else ""
+
+
+def _fmt(value, fmt: str = ".4f") -> str:
+    return "n/a" if value is None else format(value, fmt)

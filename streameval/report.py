@@ -1,18 +1,53 @@
-"""Human-readable summaries for the terminal."""
+"""Human-readable summaries: the terminal table, and tables to paste into a paper or a README
+(Markdown, CSV, LaTeX) built from the result JSON.
+
+Light on purpose (no numpy): ``aggregate`` prints through it without loading the engine.
+"""
 
 from __future__ import annotations
 
-from .metrics import Result
-from .store import Store
+import csv
+import io
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .errors import OptionError
+
+if TYPE_CHECKING:
+    from .metrics import Result
+    from .store import Store
+
+DEFAULT_RANKS = (1, 5, 10, 20)  # and max_rank: the CMC points shown unless --ranks chooses
+GOM_HEADLINE = ("MREP", "mReP_max", "MFR")  # the GOM values a pasted table carries (as aggregate's summary)
 
 
 def _pct(value) -> str:
     return "n/a" if value is None else f"{100 * value:6.2f}%"
 
 
-def summary(result: Result, label: str = "") -> str:
-    """A short table: counts, CMC ranks, mAP (both conventions), mINP, and how the run went."""
+def shown_ranks(max_rank: int, ranks=None) -> list[int]:
+    """The CMC ranks a summary shows, ascending: ``ranks`` (OptionError past ``max_rank``: the curve
+    stops there), by default 1, 5, 10, 20 and ``max_rank``, those up to ``max_rank``."""
+    if ranks is None:
+        return sorted({k for k in DEFAULT_RANKS if k <= max_rank} | {max_rank})
+    if max(ranks) > max_rank:
+        raise OptionError(f"--ranks {max(ranks)} is past the CMC's last rank, {max_rank} (--max-rank); "
+                          f"evaluate with --max-rank {max(ranks)} or more")
+    return sorted(set(ranks))
+
+
+def formatted(result: Result, label: str, ranks=None, fmt: str = "table") -> str:
+    """What eval / update print: the terminal table, or a table to paste (``fmt``)."""
+    if fmt == "table":
+        return summary(result, label, ranks)
+    return paste(rows_of(result.to_dict(), label), shown_ranks(result.max_rank, ranks), fmt)
+
+
+def summary(result: Result, label: str = "", ranks=None) -> str:
+    """A short table: counts, CMC ranks (``ranks``, or :func:`shown_ranks`' default), mAP (both
+    conventions), mINP, and how the run went."""
     run = result.run
+    ranks = shown_ranks(result.max_rank, ranks)
     lines = [
         f"streameval {label}".rstrip(),
         f"  queries {_count(result.n_queries)} ({_count(result.n_valid_queries)} with positives, "
@@ -23,14 +58,13 @@ def summary(result: Result, label: str = "") -> str:
     if result.n_valid_queries == 0:
         lines.append("  no query has a positive in the gallery: closed-set metrics are undefined")
     else:
-        ranks = sorted({k for k in (1, 5, 10, 20) if k <= result.max_rank} | {result.max_rank})
         lines += [
             "  " + "  ".join(f"{'R' + str(k):>7}" for k in ranks),
             "  " + "  ".join(f"{_pct(result.rank(k)):>7}" for k in ranks),
             f"  mAP {_pct(result.mAP)}   mAP (trapezoid) {_pct(result.mAP_trapezoid)}   mINP {_pct(result.mINP)}",
         ]
     if result.trials is not None:
-        lines += _trial_lines(result.trials)
+        lines.append(_trial_line(result.trials, ranks))
     if result.gom is not None:
         lines += _gom_lines(result.gom)
     if result.directions:
@@ -52,16 +86,29 @@ def _count(value) -> str:
     return f"{value:,}" if float(value).is_integer() else f"{value:,.1f}"
 
 
-def _trial_lines(trials: dict) -> list[str]:
+def _trial_line(trials: dict, ranks: list[int]) -> str:
     """The headline values are means over the trials: say so, with their spread."""
-    def pm(name):
-        mean, std = trials["mean"][name], trials["std"][name]
-        if mean is None:
-            return f"{name} n/a"
-        return f"{name} {_pct(mean).strip()}" + ("" if std is None else f" +- {100 * std:.2f}")
+    mean, std = trials["mean"], trials["std"]
+    values = [(f"R{k}", _at(mean, ("cmc", k - 1)), _at(std, ("cmc", k - 1))) for k in ranks]
+    values += [(name, mean[name], std[name]) for name in ("mAP", "mINP")]
+    return (f"  means over {trials['T']} trials (std ddof {trials['std_ddof']}): "
+            + "   ".join(_mean_pm_std(name, m, s) for name, m, s in values))
 
-    return [f"  means over {trials['T']} trials (std ddof {trials['std_ddof']}): "
-            + "   ".join(pm(name) for name in ("rank1", "rank5", "rank10", "mAP", "mINP"))]
+
+def _mean_pm_std(name: str, mean, std, std_unit: str = "") -> str:
+    if mean is None:
+        return f"{name} n/a"
+    return f"{name} {_pct(mean).strip()}" + ("" if std is None else f" +- {100 * std:.2f}{std_unit}")
+
+
+def _at(record, path: tuple):
+    """``record[path[0]][path[1]]...``, None where a level is missing or null (a curve of a run
+    without positives, the GOM block of a run without GOM)."""
+    for key in path:
+        if record is None:
+            return None
+        record = record.get(key) if isinstance(record, dict) else record[key]
+    return record
 
 
 PHASE_NOTES = {"passes": "passes (the bar)"}
@@ -107,18 +154,166 @@ def _gom_lines(gom: dict) -> list[str]:
         lines.append("    no open-set query (without positives): mFR/MFR/tau_nz are undefined")
     else:
         lines.append(f"    MFR {_num(gom['MFR'])}   tau_nz {_num(gom['tau_nz'], '.2f')}")
-    clipped = gom.get("clipped")  # fixed normalisation only
-    if clipped and (clipped["below"] or clipped["above"]):
-        below, above = clipped["below"], clipped["above"]
-        lines.append(f"    warning: {below + above:,} of {clipped['pairs']:,} distances fall outside {gom['normalisation']} "
-                     f"({below:,} below, {above:,} above) and were clipped to its ends (observed: "
-                     f"[{clipped['observed_min']:.4g}, {clipped['observed_max']:.4g}]); widen it or use minmax")
+    warning = clipping_warning(gom)
+    if warning:
+        lines.append(f"    warning: {warning}")
     return lines
+
+
+def clipping_warning(gom: dict | None) -> str | None:
+    """Distances outside a fixed GOM normalisation were clipped: said with every format."""
+    clipped = (gom or {}).get("clipped")  # fixed normalisation only
+    if not clipped or not (clipped["below"] or clipped["above"]):
+        return None
+    below, above = clipped["below"], clipped["above"]
+    return (f"{below + above:,} of {clipped['pairs']:,} distances fall outside {gom['normalisation']} "
+            f"({below:,} below, {above:,} above) and were clipped to its ends (observed: "
+            f"[{clipped['observed_min']:.4g}, {clipped['observed_max']:.4g}]); widen it or use minmax")
 
 
 def store_summary(store: Store) -> str:
     g = store.gallery
+    if store.holds_distances:
+        both = " (and queries x queries)" if store.query.distances is not None else ""
+        return (f"{store.path}: {len(store.query):,} queries x {len(g):,} gallery rows of precomputed {store.kind}s"
+                f"{both}, {g.distances.dtype}, chunks of {g.distances.chunks[0]:,} x {g.distances.chunks[1]:,}")
     return (
         f"{store.path}: {len(store.query):,} queries, {len(g):,} gallery rows, dim {store.dim}, "
         f"{g.features.dtype}, {g.chunk_rows:,} rows per chunk, default metric {store.default_metric}"
     )
+
+
+# --------------------------------------------------------------------------- tables to paste
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of a pasted table: a result JSON's values (or an aggregate's means) and, when they
+    are means over trials or runs, their std (the same keys)."""
+
+    label: str
+    values: dict
+    std: dict | None = None
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    path: tuple  # keys into a Row's values and std
+    percent: bool  # closed-set values: percent with 2 decimals (the ReID convention); GOM: 0-1, 4 decimals
+
+    @property
+    def header(self) -> str:
+        return f"{self.name} (%)" if self.percent else self.name
+
+    def cell(self, row: Row) -> tuple[str | None, str | None]:
+        """(the value, its std) as printed; None where null."""
+        return self._text(_at(row.values, self.path)), self._text(_at(row.std, self.path))
+
+    def _text(self, value) -> str | None:
+        if value is None:
+            return None
+        return f"{100 * value:.2f}" if self.percent else f"{value:.4f}"
+
+
+def rows_of(result: dict, label: str) -> list[Row]:
+    """A result JSON's rows: one, or one per direction (regdb both ways); the values of a result
+    with trials are their means, with the std over the trials."""
+    if result.get("directions"):
+        return [row for name, one in result["directions"].items() for row in rows_of(one, f"{label} {name}")]
+    trials = result.get("trials")
+    if trials:
+        return [Row(f"{label} (mean ± std, {trials['T']} trials)", result, trials["std"])]
+    return [Row(label, result)]
+
+
+def aggregate_rows(out: dict, runs) -> list[Row]:
+    """Every run's rows, then the mean ± std over the runs (``runs``: ``aggregate.Run``)."""
+    rows = [row for run in runs for row in rows_of(run.result, run.label)]
+    agg = out["aggregate"]
+    runs_word = "run" if agg["n_runs"] == 1 else "runs"
+    return rows + [Row(f"mean ± std ({agg['n_runs']} {runs_word})", out, agg["std"])]
+
+
+def columns(rows: list[Row], ranks: list[int]) -> list[Column]:
+    """Rank-k for each k, mAP, mINP, mAP_trapezoid, and the GOM headline values when a row has GOM."""
+    cols = [Column(f"Rank-{k}", ("cmc", k - 1), True) for k in ranks]
+    cols += [Column(name, (name,), True) for name in ("mAP", "mINP", "mAP_trapezoid")]
+    if any(row.values.get("gom") for row in rows):
+        cols += [Column(name, ("gom", name), False) for name in GOM_HEADLINE]
+    return cols
+
+
+def paste(rows: list[Row], ranks: list[int], fmt: str) -> str:
+    """``rows`` as a Markdown, CSV or LaTeX table (``fmt``)."""
+    return {"markdown": _markdown, "csv": _csv, "latex": _latex}[fmt](rows, columns(rows, ranks))
+
+
+def _markdown(rows: list[Row], cols: list[Column]) -> str:
+    def line(cells):
+        return "| " + " | ".join(cells) + " |"
+
+    def cell(value, std):
+        return "n/a" if value is None else value + ("" if std is None else f" ± {std}")
+
+    lines = [line(["Run", *(c.header for c in cols)]), line([":--", *("--:" for _ in cols)])]
+    lines += [line([row.label.replace("|", "\\|"), *(cell(*c.cell(row)) for c in cols)]) for row in rows]
+    return "\n".join(lines)
+
+
+def _csv(rows: list[Row], cols: list[Column]) -> str:
+    """Numbers stay numbers: a std gets its own column after its value (only when a row has one);
+    null is an empty cell."""
+    spread = any(row.std is not None for row in rows)
+    header = ["Run"]
+    for c in cols:
+        header += [c.header] + ([f"{c.name} std" + (" (%)" if c.percent else "")] if spread else [])
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    for row in rows:
+        cells = [row.label]
+        for c in cols:
+            value, std = c.cell(row)
+            cells += [value or ""] + ([std or ""] if spread else [])
+        writer.writerow(cells)
+    return buffer.getvalue().rstrip("\n")
+
+
+def _latex(rows: list[Row], cols: list[Column]) -> str:
+    """A bare tabular (no package needed), text escaped; ± as $\\pm$."""
+    def line(cells):
+        return " & ".join(cells) + r" \\"
+
+    def cell(value, std):
+        return "n/a" if value is None else value + ("" if std is None else rf" $\pm$ {std}")
+
+    lines = [r"\begin{tabular}{l" + "r" * len(cols) + "}", r"\hline",
+             line(["Run", *(latex_escape(c.header) for c in cols)]), r"\hline"]
+    lines += [line([latex_escape(row.label), *(cell(*c.cell(row)) for c in cols)]) for row in rows]
+    return "\n".join(lines + [r"\hline", r"\end{tabular}"])
+
+
+LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                 "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$"}
+
+
+def latex_escape(text: str) -> str:
+    return "".join(LATEX_SPECIAL.get(ch, ch) for ch in text)
+
+
+def aggregate_text(out: dict, runs, ranks=None, fmt: str = "table") -> str:
+    """What aggregate prints: its per-run table (plus the mean ± std of the chosen ranks when
+    ``ranks`` is given), or a table to paste with every run and the mean."""
+    ranks_shown = shown_ranks(out["max_rank"], ranks)
+    if fmt != "table":
+        return paste(aggregate_rows(out, runs), ranks_shown, fmt)
+    from .aggregate import summary
+
+    text = summary(out)
+    if ranks is None:
+        return text
+    agg = out["aggregate"]
+    return text + "\n  CMC mean +- std: " + "   ".join(
+        _mean_pm_std(f"R{k}", _at(agg["mean"], ("cmc", k - 1)), _at(agg["std"], ("cmc", k - 1)), "%")
+        for k in ranks_shown)
