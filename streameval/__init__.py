@@ -18,6 +18,7 @@ from .errors import OptionError, StoreError, StreamevalError
 _LAZY = {  # public name -> module that defines it
     "evaluate": "evaluate", "update": "incremental", "Result": "metrics", "open_store": "store",
     "create_store": "store", "write_store": "store", "append_gallery": "store", "validate_values": "store",
+    "write_distance_store": "store.distances",
 }
 
 __all__ = [*_LAZY, "StreamevalError", "StoreError", "OptionError"]

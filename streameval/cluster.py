@@ -123,7 +123,7 @@ def _read_on_worker(store):
 
     try:
         for feature_set in (store.query, store.gallery):
-            feature_set.features[0:1]
+            feature_set.values[0:1]
             read_ids(feature_set, 0, 1)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"

@@ -60,6 +60,7 @@ class Scoring:
     gom: GomOptions | None
     dot_bound: float
     statistics: tuple
+    similarity: bool = False  # a similarity store: its values are negated into distances
 
     @property
     def n_trials(self) -> int:
@@ -132,7 +133,7 @@ def load_rows(fs: FeatureSet, rows, scoring: Scoring, meta: Metadata, part: Part
         row = row_number(rows, int(np.flatnonzero(terms == 0)[0]))
         raise StoreError(f"{fs.name} row {row} is an all-zero feature vector: its cosine distance is undefined")
     norms = terms if scoring.metric == kernels.COSINE else np.sqrt(terms)
-    bad = kernels.first_out_of_range(norms, scoring.dtype)
+    bad = kernels.first_out_of_range(norms, scoring.dtype) if fs.features is not None else None
     if bad is not None:  # its dot products would overflow or underflow in the GEMM: silently wrong numbers
         lo, hi = kernels.NORM_RANGE[scoring.dtype]
         raise OptionError(
@@ -164,11 +165,32 @@ def find_positive_pairs(part: Part, start: int, stop: int, queries: Rows, scorin
         queries.pids, queries.camids, queries.index, queries.bits, g_pid, g_cam, g_bits, part.offset + start, own_start)
     if qrows.size == 0:
         return qrows, grows, np.empty(0, dtype=np.float64), bits, junk
-    chunk = load_rows(part.fs, slice(start, stop), scoring, meta, part)
-    dist = kernels.pair_distances(
-        queries.features, chunk.features, qrows, grows, queries.terms, chunk.terms, scoring.metric
-    )
+    if part.fs.distances is not None:
+        dist = stored_distances(part, start, stop, queries.index, scoring)[qrows, grows]
+    else:
+        chunk = load_rows(part.fs, slice(start, stop), scoring, meta, part)
+        dist = kernels.pair_distances(
+            queries.features, chunk.features, qrows, grows, queries.terms, chunk.terms, scoring.metric
+        )
     return qrows, grows + part.offset + start, dist, bits, junk
+
+
+def stored_distances(part: Part, start: int, stop: int, query_index: np.ndarray, scoring: Scoring) -> np.ndarray:
+    """A distance store's float64 distances of the queries (rows ``query_index``) to the part's
+    rows [start, stop)."""
+    from .store.distances import read_distances
+
+    first = int(query_index[0]) if query_index.size else 0
+    contiguous = np.array_equal(query_index, np.arange(first, first + query_index.size))
+    rows = slice(first, first + query_index.size) if contiguous else query_index
+    return read_distances("similarity" if scoring.similarity else "distance", part.fs.distances, part.fs.name,
+                          rows, start, stop)
+
+
+def exact_source(features: np.ndarray, dots: np.ndarray, scoring: Scoring) -> np.ndarray:
+    """What ``kernels.canonical_distance`` reads as ``qf``: the query rows' features, or for stored
+    distances the block of stored values itself."""
+    return dots if scoring.metric == kernels.PRECOMPUTED else features
 
 
 def collect_positives(n_queries: int, n_trials: int, *parts) -> Positives:
@@ -199,14 +221,19 @@ def release_scratch() -> None:
     _scratch.clear()
 
 
-def _sub_blocks(queries: Rows, chunk: Rows):
-    """(row slice, dot products) for consecutive QUERY_SUB_BLOCK-row slices of the query block.
+def _sub_blocks(queries: Rows, chunk: Rows, part: Part, start: int, stop: int, scoring: Scoring):
+    """(row slice, dot products) for consecutive QUERY_SUB_BLOCK-row slices of the query block: a
+    GEMM, or for a distance store the stored distances read (``kernels.PRECOMPUTED``: a stored
+    distance is its own dot product).
 
     A task's dot products are made a few MiB at a time, so the kernels read them from cache and the
     task's memory does not grow with the query block.
     """
     for first in range(0, queries.features.shape[0], QUERY_SUB_BLOCK):
         rows = slice(first, first + QUERY_SUB_BLOCK)
+        if part.fs.distances is not None:
+            yield rows, stored_distances(part, start, stop, queries.index[rows], scoring)
+            continue
         a = queries.features[rows]
         out = _buffer("dots", a.dtype, (a.shape[0], chunk.features.shape[0]))
         np.matmul(a, chunk.features.T, out=out)
@@ -224,12 +251,12 @@ def block_range(part: Part, start: int, stop: int, queries: Rows, scoring: Scori
     [start, stop) in that trial."""
     chunk = load_rows(part.fs, slice(start, stop), scoring, meta, part)
     ranges = [DistanceRange(np.inf, -np.inf)] * scoring.n_trials
-    for rows, dots in _sub_blocks(queries, chunk):
+    for rows, dots in _sub_blocks(queries, chunk, part, start, stop, scoring):
         for t in range(scoring.n_trials):
             q, g = _in_trial(queries.bits[rows], t), _in_trial(chunk.bits, t)
             trial_dots = dots if isinstance(q, slice) and isinstance(g, slice) else np.ascontiguousarray(dots[q][:, g])
             found = kernels.distance_range(
-                trial_dots, queries.features[rows][q], chunk.features[g], queries.terms[rows][q], chunk.terms[g],
+                trial_dots, exact_source(queries.features[rows][q], trial_dots, scoring), chunk.features[g], queries.terms[rows][q], chunk.terms[g],
                 queries.norms[rows][q], chunk.norms[g], scoring.metric, scoring.dot_bound)
             ranges[t] = DistanceRange.merge(ranges[t], DistanceRange(*found))
     return ranges
@@ -264,11 +291,11 @@ def score_chunk(part: Part, start: int, stop: int, queries: Rows, positives: Pos
         state = before.copy()
     chunk = load_rows(part.fs, slice(start, stop), scoring, run.meta, part)
     junk = scoring.rules.junk_mask(chunk.pids)
-    for rows, dots in _sub_blocks(queries, chunk):
+    for rows, dots in _sub_blocks(queries, chunk, part, start, stop, scoring):
         dist = _buffer("distances", np.float64, dots.shape)
         fill_distances(dots, queries.terms[rows], chunk.terms, scoring.metric, dist)
         q_cix, g_cix, table = camera_table(scoring.rules.protocol.x_any, queries.camids[rows], chunk.camids)
-        blk = Block(dist, queries.features[rows], chunk.features, queries.terms[rows], chunk.terms, queries.norms[rows],
+        blk = Block(dist, exact_source(queries.features[rows], dots, scoring), chunk.features, queries.terms[rows], chunk.terms, queries.norms[rows],
                     chunk.norms, scoring.metric, scoring.dot_bound, queries.pids[rows], chunk.pids, junk, q_cix, g_cix,
                     table, queries.bits[rows], chunk.bits, part.offset + start,
                     positives.offsets[rows.start:rows.stop + 1], positives.dist, positives.gidx, positives.bits)
@@ -397,7 +424,7 @@ def distance_work(fs: FeatureSet, n_queries: int, start: int, stop: int) -> int:
 def rows_bytes(fs: FeatureSet, n_rows: int, features: bool = True) -> int:
     """Bytes of ``n_rows`` rows of a set: ids, and features unless ``features`` is False."""
     row = fs.pids.dtype.itemsize + fs.camids.dtype.itemsize
-    return n_rows * (row + (fs.dim * fs.features.dtype.itemsize if features else 0))
+    return n_rows * (row + (fs.value_bytes if features else 0))
 
 
 def positives_pass_bytes(plan: Plan, parts: tuple, positives: Positives, start: int, stop: int) -> int:

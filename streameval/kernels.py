@@ -43,8 +43,10 @@ import math
 import numba as nb
 import numpy as np
 
-SQEUCLIDEAN, EUCLIDEAN, COSINE = 0, 1, 2
-METRIC_CODES = {"sqeuclidean": SQEUCLIDEAN, "euclidean": EUCLIDEAN, "cosine": COSINE}
+SQEUCLIDEAN, EUCLIDEAN, COSINE, PRECOMPUTED = 0, 1, 2, 3
+# A distance store's values are the distances (similarities negated when read): its "metric".
+METRIC_CODES = {"sqeuclidean": SQEUCLIDEAN, "euclidean": EUCLIDEAN, "cosine": COSINE,
+                "distance": PRECOMPUTED, "similarity": PRECOMPUTED}
 UNIT_ROUNDOFF = {np.dtype(np.float32): 2.0**-24, np.dtype(np.float64): 2.0**-53}
 U64 = 2.0**-53
 # Absolute error one operation of a dot product may add beyond u |result|: rounding a subnormal
@@ -102,8 +104,11 @@ def bin_error_bound(dim: int, dtype) -> float:
 
 @_inline
 def pair_distance(dot, qa, ga, metric):
-    """Distance of one pair from its dot product and the two rows' float64 terms."""
+    """Distance of one pair from its dot product and the two rows' float64 terms (a stored
+    distance is its own "dot product")."""
     dot = np.float64(dot)
+    if metric == PRECOMPUTED:
+        return dot
     if metric == COSINE:
         return 1.0 - dot / (qa * ga)
     d = max(qa + ga - 2.0 * dot, 0.0)
@@ -118,7 +123,12 @@ def canonical_distance(qf, gf, i, j, qa, ga, metric):
 
     Its dot product is summed in float64 in a fixed order that pipelines well: four partial sums
     over k = 0, 1, 2, 3 (mod 4), added as (s0 + s1) + (s2 + s3), then the tail.
+
+    For stored distances (``PRECOMPUTED``) the scoring pass hands the block of stored distances as
+    ``qf``: the pair's value is exact as read.
     """
+    if metric == PRECOMPUTED:
+        return np.float64(qf[i, j])
     dim = qf.shape[1]
     full = dim - dim % 4
     s0 = 0.0
@@ -140,8 +150,11 @@ def canonical_distance(qf, gf, i, j, qa, ga, metric):
 def distance_window(d, qn, gn, metric, c_dot):
     """Half-width w with |fast distance - canonical distance| <= w, for fast distance ``d``.
 
-    qn, gn: the rows' norms.  Includes a few float64 roundings of the combination itself.
+    qn, gn: the rows' norms.  Includes a few float64 roundings of the combination itself.  A stored
+    distance has no window: it is exact as read.
     """
+    if metric == PRECOMPUTED:
+        return 0.0
     if metric == COSINE:
         return c_dot + 4.0 * U64
     ds = 2.0 * c_dot * qn * gn + 4.0 * U64 * (qn + gn) * (qn + gn)

@@ -46,13 +46,13 @@ from .layout import (COMMITTED_ATTR, DEFAULT_CHUNK_ROWS, FEATURE_DTYPES, FIELDS,
                      FeatureSet, Store, describe, is_local_path, open_store)
 from .reading import read_field, read_ids, read_rows, rows_fingerprint, validate_values
 from .values import check_batch, check_features, check_ids, check_metric, feature_dtype, row_number
-from .writing import (append_batches, append_gallery, commit_gallery, create_store, estimated_bytes, new_store,
+from .writing import (append_batches, append_gallery, appendable, commit_gallery, create_store, estimated_bytes, new_store,
                       refuse_existing, write_rows, write_store)
 
 __all__ = [
     "COMMITTED_ATTR", "DEFAULT_CHUNK_ROWS", "FEATURE_DTYPES", "FIELDS", "ID_FILL", "METRICS", "SCHEMA_VERSION",
     "SETS", "FeatureSet", "Store", "describe", "is_local_path", "open_store", "read_field", "read_ids", "read_rows",
     "rows_fingerprint", "validate_values", "check_batch", "check_features", "check_ids", "check_metric",
-    "feature_dtype", "row_number", "append_batches", "append_gallery", "commit_gallery", "create_store",
+    "feature_dtype", "row_number", "append_batches", "append_gallery", "appendable", "commit_gallery", "create_store",
     "estimated_bytes", "new_store", "refuse_existing", "write_rows", "write_store",
 ]

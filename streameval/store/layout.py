@@ -20,6 +20,8 @@ UID_ATTR = "store_uid"  # random, made when a store is created: a rewritten stor
 SETS = ("query", "gallery")
 FIELDS = ("features", "pids", "camids")
 FEATURE_DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
+DISTANCE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+DISTANCE_KINDS = ("distance", "similarity")  # a distance store's values (``store.distances``)
 DEFAULT_CHUNK_ROWS = 8192
 ID_FILL = INT64_MIN  # the ids' fill value: reserved, never a valid id
 CHECKSUM_BYTES = 4  # crc32c, appended to every encoded chunk
@@ -28,24 +30,44 @@ RECREATE = "recreate it with 'streameval convert' (from the .npz) or 'streameval
 
 @dataclass(frozen=True)
 class FeatureSet:
-    """The three arrays describing one set (query or gallery)."""
+    """The arrays describing one set (query or gallery): features and ids, or in a distance store
+    (``store.distances``) ids and the queries' distances to the set's rows (features None)."""
 
     name: str
-    features: zarr.Array
+    features: zarr.Array | None
     pids: zarr.Array
     camids: zarr.Array
     rows: int  # committed rows: the arrays may hold an uncommitted tail left by an interrupted append
+    distances: zarr.Array | None = None  # distance stores: (queries, rows)
 
     def __len__(self) -> int:
         return self.rows
 
     @property
     def dim(self) -> int:
-        return self.features.shape[1]
+        """Feature dimension; 0 in a distance store."""
+        return 0 if self.features is None else self.features.shape[1]
 
     @property
     def chunk_rows(self) -> int:
-        return self.features.chunks[0]
+        return self.pids.chunks[0]
+
+    @property
+    def values(self) -> zarr.Array | None:
+        """The array of the set's values: features, or a distance store's distances (None for a
+        distance store's queries without query x query distances)."""
+        return self.features if self.features is not None else self.distances
+
+    @property
+    def value_bytes(self) -> int:
+        """Bytes of one row's values: its features, or its column of stored distances."""
+        values = self.values
+        return 0 if values is None else values.dtype.itemsize * (self.dim or values.shape[0])
+
+    @property
+    def fields(self) -> tuple:
+        """The arrays of the set, each with one entry (or column) per row."""
+        return FIELDS if self.features is not None else ("pids", "camids")
 
 
 @dataclass(frozen=True)
@@ -57,10 +79,15 @@ class Store:
     gallery: FeatureSet
     default_metric: str
     uid: str | None = None
+    kind: str = "features"  # or a distance store's "distance" / "similarity"
 
     @property
     def dim(self) -> int:
         return self.query.dim
+
+    @property
+    def holds_distances(self) -> bool:
+        return self.kind != "features"
 
 
 def is_local_path(target) -> bool:
@@ -98,6 +125,12 @@ def open_store(target, mode: str = "r", storage_options: dict | None = None, _wr
             f"'{path}' is not a streameval store of schema {SCHEMA_VERSION} (attribute streameval_schema={schema!r})"
         )
     committed = None if _writing else _committed_rows(attrs, path)
+    kind = _content_kind(attrs, path)
+    if kind != "features":
+        from .distances import open_distance_sets
+
+        query, gallery = open_distance_sets(group, path, committed)
+        return Store(path=path, query=query, gallery=gallery, default_metric=kind, uid=attrs.get(UID_ATTR), kind=kind)
     query = _open_set(group, path, "query", None)
     gallery = _open_set(group, path, "gallery", committed)
     if query.dim != gallery.dim:
@@ -105,11 +138,23 @@ def open_store(target, mode: str = "r", storage_options: dict | None = None, _wr
             f"'{path}': query features have dimension {query.dim} but gallery features have {gallery.dim}"
         )
     for fs in (query, gallery):
-        _check_safeguards(fs, path)
+        check_safeguards(fs, path)
     default_metric = attrs.get("default_metric", "euclidean")
     if default_metric not in METRICS:
         raise StoreError(f"'{path}': default_metric {default_metric!r} is not one of {', '.join(METRICS)}")
     return Store(path=path, query=query, gallery=gallery, default_metric=default_metric, uid=attrs.get(UID_ATTR))
+
+
+def _content_kind(attrs: dict, path: str) -> str:
+    """"features", or a distance store's kind."""
+    content = attrs.get("content", "features")
+    if content == "features":
+        return content
+    kind = attrs.get("kind")
+    if content != "distances" or kind not in DISTANCE_KINDS:
+        raise StoreError(f"'{path}': attributes content={content!r}, kind={kind!r} name no store streameval reads "
+                         f"(content 'features', or 'distances' of kind {' or '.join(DISTANCE_KINDS)})")
+    return kind
 
 
 def _committed_rows(attrs: dict, path: str) -> int:
@@ -121,18 +166,23 @@ def _committed_rows(attrs: dict, path: str) -> int:
     return value
 
 
+def open_array(group: zarr.Group, path: str, key: str, required: bool = True) -> zarr.Array | None:
+    """The array at ``key`` (None when absent and not ``required``)."""
+    try:
+        arr = group[key]
+    except KeyError:
+        if not required:
+            return None
+        raise StoreError(f"'{path}' has no '{key}' array") from None
+    except Exception as exc:  # a damaged zarr.json
+        raise StoreError(f"'{path}': cannot read the metadata of '{key}': {one_line(exc)}") from None
+    if not isinstance(arr, zarr.Array):
+        raise StoreError(f"'{path}': '{key}' is a group, expected an array")
+    return arr
+
+
 def _open_set(group: zarr.Group, path: str, name: str, committed: int | None) -> FeatureSet:
-    arrays = {}
-    for field in FIELDS:
-        key = f"{name}/{field}"
-        try:
-            arrays[field] = group[key]
-        except KeyError:
-            raise StoreError(f"'{path}' has no '{key}' array") from None
-        except Exception as exc:  # a damaged zarr.json
-            raise StoreError(f"'{path}': cannot read the metadata of '{key}': {one_line(exc)}") from None
-        if not isinstance(arrays[field], zarr.Array):
-            raise StoreError(f"'{path}': '{key}' is a group, expected an array")
+    arrays = {field: open_array(group, path, f"{name}/{field}") for field in FIELDS}
     rows = arrays["features"].shape[0] if committed is None else committed
     fs = FeatureSet(name=name, rows=rows, **arrays)
     _check_set_structure(fs, path, exact=committed is None)
@@ -173,15 +223,17 @@ def _check_set_structure(fs: FeatureSet, path: str, exact: bool) -> None:
         raise StoreError(f"{where} set is empty" + ("" if exact else " (no committed rows: was writing interrupted?)"))
 
 
-def _check_safeguards(fs: FeatureSet, path: str) -> None:
+def check_safeguards(fs: FeatureSet, path: str) -> None:
     """Checksums and fill values that make a damaged or missing chunk fail loudly (module docstring)."""
-    for field in FIELDS:
+    fields = fs.fields + (("distances",) if fs.distances is not None else ())
+    for field in fields:
         arr = getattr(fs, field)
         codecs = getattr(arr.metadata, "codecs", ())
         if not codecs or not isinstance(codecs[-1], Crc32cCodec):
             raise StoreError(f"'{path}' {fs.name}/{field} is stored without crc32c chunk checksums; {RECREATE}")
         fill = arr.fill_value
-        if not (np.isnan(fill) if field == "features" else fill == ID_FILL):
-            expected = "NaN" if field == "features" else f"{ID_FILL}"
+        values = field in ("features", "distances")
+        if not (np.isnan(fill) if values else fill == ID_FILL):
+            expected = "NaN" if values else f"{ID_FILL}"
             raise StoreError(f"'{path}' {fs.name}/{field} has fill value {fill}, expected {expected} (so that a "
                              f"missing chunk cannot read as data); {RECREATE}")

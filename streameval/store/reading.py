@@ -110,9 +110,11 @@ def _last_row(rows, n_rows: int) -> int:
 
 def read_rows(fs: FeatureSet, rows, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Read rows of a set (a slice, or an array of row numbers: only their chunks are read):
-    features upcast to ``dtype`` and checked finite, ids as int64."""
-    features = np.ascontiguousarray(read_field(fs, "features", rows), dtype=dtype)
+    features upcast to ``dtype`` and checked finite (none, 0 columns, in a distance store), ids as int64."""
     pids = np.asarray(read_field(fs, "pids", rows), dtype=np.int64)
+    if fs.features is None:
+        return np.zeros((pids.shape[0], 0), dtype=dtype), pids, np.asarray(read_field(fs, "camids", rows), np.int64)
+    features = np.ascontiguousarray(read_field(fs, "features", rows), dtype=dtype)
     camids = np.asarray(read_field(fs, "camids", rows), dtype=np.int64)
     return features, pids, camids
 
@@ -127,9 +129,16 @@ def read_ids(fs: FeatureSet, start: int = 0, stop: int | None = None) -> tuple[n
 def validate_values(store: Store) -> None:
     """Scan every chunk of both sets and raise StoreError on the first damaged or missing chunk,
     non-finite feature or reserved id."""
+    from .distances import read_distances
+
     for fs in (store.query, store.gallery):
         for start in range(0, len(fs), fs.chunk_rows):
-            read_rows(fs, slice(start, min(start + fs.chunk_rows, len(fs))), fs.features.dtype)
+            stop = min(start + fs.chunk_rows, len(fs))
+            read_rows(fs, slice(start, stop), np.float32)
+            if fs.distances is not None:  # one chunk at a time
+                step = fs.distances.chunks[0]
+                for first in range(0, fs.distances.shape[0], step):
+                    read_distances(store.kind, fs.distances, fs.name, slice(first, first + step), start, stop)
 
 
 
@@ -147,7 +156,7 @@ def rows_fingerprint(fs: FeatureSet, rows: int) -> str:
         raise StoreError(f"cannot fingerprint {rows:,} {fs.name} rows: the set has {len(fs):,}")
     digest = hashlib.blake2b(digest_size=16)
     digest.update(f"{rows} {fs.dim} {fs.features.dtype} {fs.chunk_rows}".encode())
-    for field in FIELDS:
+    for field in FIELDS:  # feature stores only: distance stores are not updated
         arr = getattr(fs, field)
         whole = rows // arr.chunks[0]
         digest.update(field.encode())

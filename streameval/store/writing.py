@@ -15,6 +15,7 @@ from zarr.codecs import Crc32cCodec, ZstdCodec
 from ..errors import StoreError, one_line
 from .layout import (CHECKSUM_BYTES, COMMITTED_ATTR, DEFAULT_CHUNK_ROWS, FIELDS, ID_FILL, RECREATE, SCHEMA_VERSION, UID_ATTR,
                      FeatureSet, Store, describe, is_local_path, open_store)
+from .paths import appended_paths, write_path_rows
 from .values import check_batch, check_metric, feature_dtype
 
 
@@ -81,20 +82,32 @@ def create_store(
     """
     dtype = feature_dtype(dtype)
     check_metric(default_metric)
-    if min(n_query, n_gallery) <= 0 or dim <= 0:
+    if dim <= 0:
         raise StoreError(f"cannot create a store with {n_query} queries, {n_gallery} gallery rows, dim {dim}")
+    group = create_group(target, n_query, n_gallery, {"default_metric": default_metric}, chunk_rows, overwrite)
+    for name, rows in (("query", n_query), ("gallery", n_gallery)):
+        group.create_array(f"{name}/features", shape=(rows, dim), dtype=dtype, chunks=(_chunk(chunk_rows, rows), dim),
+                           compressors=[Crc32cCodec()], fill_value=np.nan)
+    return open_store(target, mode="r+", _writing=True)
+
+
+def create_group(target, n_query: int, n_gallery: int, attrs: dict, chunk_rows: int = DEFAULT_CHUNK_ROWS,
+                 overwrite: bool = False) -> zarr.Group:
+    """A new store's group with its attributes and empty id arrays (feature and distance stores)."""
+    if min(n_query, n_gallery) <= 0:
+        raise StoreError(f"cannot create a store with {n_query} queries and {n_gallery} gallery rows")
     refuse_existing(target, overwrite)
     group = zarr.open_group(target, mode="w")
-    group.attrs.update({"streameval_schema": SCHEMA_VERSION, "default_metric": default_metric, COMMITTED_ATTR: 0,
-                        UID_ATTR: uuid.uuid4().hex})
+    group.attrs.update({"streameval_schema": SCHEMA_VERSION, COMMITTED_ATTR: 0, UID_ATTR: uuid.uuid4().hex, **attrs})
     for name, rows in (("query", n_query), ("gallery", n_gallery)):
-        chunk = max(1, min(chunk_rows, rows))
-        group.create_array(f"{name}/features", shape=(rows, dim), dtype=dtype, chunks=(chunk, dim),
-                           compressors=[Crc32cCodec()], fill_value=np.nan)
         for field in ("pids", "camids"):
-            group.create_array(f"{name}/{field}", shape=(rows,), dtype=np.int64, chunks=(chunk,),
+            group.create_array(f"{name}/{field}", shape=(rows,), dtype=np.int64, chunks=(_chunk(chunk_rows, rows),),
                                compressors=[ZstdCodec(level=0, checksum=False), Crc32cCodec()], fill_value=ID_FILL)
-    return open_store(target, mode="r+", _writing=True)
+    return group
+
+
+def _chunk(chunk_rows: int, rows: int) -> int:
+    return max(1, min(chunk_rows, rows))
 
 
 def estimated_bytes(n_query: int, n_gallery: int, dim: int, dtype, chunk_rows: int, block: int = 4096) -> int:
@@ -105,7 +118,7 @@ def estimated_bytes(n_query: int, n_gallery: int, dim: int, dtype, chunk_rows: i
 
     total = 16 * block  # zarr.json files and group directories
     for rows in (n_query, n_gallery):
-        chunk = max(1, min(chunk_rows, rows))
+        chunk = _chunk(chunk_rows, rows)
         per_chunk = (blocks(chunk * dim * np.dtype(dtype).itemsize + CHECKSUM_BYTES) + block
                      + 2 * blocks(chunk * 8 + 64 + CHECKSUM_BYTES))
         total += -(-rows // chunk) * per_chunk
@@ -166,35 +179,50 @@ def write_store(
         return commit_gallery(target)
 
 
-def append_gallery(target, features, pids, camids) -> Store:
+def appendable(target) -> Store:
+    """The store at ``target``, opened, if gallery rows can be appended to it."""
+    store = open_store(target)
+    if store.holds_distances:
+        raise StoreError(f"'{store.path}' holds precomputed {store.kind}s, which do not grow: appended gallery rows "
+                         "would change the old rows' re-ranked distances too; write a new distance store")
+    return store
+
+
+def append_gallery(target, features, pids, camids, paths=None) -> Store:
     """Append rows to the gallery of an existing store and return the reopened store (see
-    ``append_batches``)."""
-    fs = open_store(target).gallery
+    ``append_batches``; ``paths``: the new rows' image paths, for a store holding gallery paths)."""
+    fs = appendable(target).gallery
     features, pids, camids = check_batch(features, pids, camids, "appended gallery", fs.dim, fs.features.dtype)
     step = fs.chunk_rows
     batches = ((first, features[first:first + step], pids[first:first + step], camids[first:first + step])
                for first in range(0, features.shape[0], step))
-    return append_batches(target, features.shape[0], batches)
+    return append_batches(target, features.shape[0], batches, paths)
 
 
-def append_batches(target, n_rows: int, batches) -> Store:
-    """Append ``n_rows`` gallery rows given as ``(offset, features, pids, camids)`` batches.
+def append_batches(target, n_rows: int, batches, paths=None) -> Store:
+    """Append ``n_rows`` gallery rows given as ``(offset, features, pids, camids)`` batches, and
+    their image ``paths`` when the store holds gallery paths (``paths.appended_paths``).
 
     Data first, the committed row count last: interrupted anywhere, the store still reads as it was
     (a half-written tail past the committed rows is ignored, and dropped by the next append).  An
     OSError (no space left...) becomes a StoreError saying so, after dropping the tail written so far.
     """
+    appendable(target)
     fs = open_store(target, mode="r+").gallery
     start = len(fs)
+    paths_array, paths = appended_paths(fs, describe(target), paths, n_rows)
+    arrays = (fs.features, fs.pids, fs.camids) + (() if paths_array is None else (paths_array,))
     try:
-        for arr in (fs.features, fs.pids, fs.camids):
+        for arr in arrays:
             arr.resize((start + n_rows,) + arr.shape[1:])
         for offset, features, pids, camids in batches:
             write_rows(fs, start + offset, features, pids, camids)
+        if paths_array is not None:
+            write_path_rows(paths_array, start, paths)
         return commit_gallery(target)
     except OSError as exc:
         with contextlib.suppress(Exception):  # free the space the uncommitted rows took, if the disk lets us
-            for arr in (fs.features, fs.pids, fs.camids):
+            for arr in arrays:
                 arr.resize((start,) + arr.shape[1:])
         raise StoreError(f"cannot write '{describe(target)}': {exc.strerror or exc}; the store is unchanged "
                          f"(none of the {n_rows:,} rows were appended; it still has {start:,} gallery rows)") from None
