@@ -1,121 +1,201 @@
-"""``convert_npz``: an .npz of query/gallery features and ids -> a feature store; ``append_npz``: an
-.npz of gallery rows -> appended to a store.
+"""``convert``: what users bring -> a store; ``append_npz``: gallery rows of such a file -> appended to
+a store; ``evaluation_store``: ``eval``'s input as a store, converted first when it is a file.
 
-The .npz holds six arrays, under their long or short names (``evaluate.ARRAY_NAMES``)::
+Inputs (``streameval.io``, docs/formats.md): .npz, .npy files or a folder of them, .mat (v5, v7.3),
+.h5 / .hdf5, .pt / .pth, with ids optionally from CSV files (``query_ids`` / ``gallery_ids``) or
+an existing store (``ids_from``).  The arrays are found by their conventional names or ``keys``.
+A feature input becomes a feature store; a query x gallery distance or similarity matrix
+(``matrix="distance"`` / ``"similarity"``) a distance store (``store.distances``).
 
-    query_features   | qf          gallery_features | gf
-    query_pids       | q_pids      gallery_pids     | g_pids
-    query_camids     | q_camids    gallery_camids   | g_camids
-
-``numpy.load`` reads a whole .npz member into memory (``mmap_mode`` does not apply to archives), so
-members are streamed instead: each is opened in the zip (stored or deflated alike), its .npy header
-parsed, and its rows read a store chunk at a time.  Memory stays bounded by a chunk, except for a
-2-D member saved in Fortran order, which has to be read whole.
-
-Everything is checked before the output is touched: the arrays' presence, shapes and dtypes from
-the .npy headers, then every value in one streaming pass (``store.check_batch``: finite features that
-survive the cast to the stored dtype, ids that fit int64).  Only then is the store created and
-written, in a second pass; if that fails (no space left...), the partial store is removed
-(``store.new_store``).
+Everything is checked before the output is touched: the arrays' presence, shapes and dtypes, then
+every value in one streaming pass (``store.check_batch``: finite features that survive the cast to
+the stored dtype, ids that fit int64; paths as ``store.paths.check_paths``).  Only then is the store
+created and written, in a second pass; if that fails (no space left...), the partial store is
+removed (``store.new_store``).  Memory stays bounded by a store chunk of rows where the format
+allows streaming (.npz, .npy, HDF5, CSV); .mat v5 and torch files are read whole.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import zipfile
-import zlib
+import shutil
+import tempfile
+from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib import format as npy_format
 
 from . import plan
 from .errors import OptionError, StoreError
-from .evaluate import ARRAY_NAMES, pick_array
-from .store import (Store, append_batches, check_batch, check_metric, commit_gallery, create_store, feature_dtype,
-                    new_store, open_store, refuse_existing, write_rows)
+from .io import CONVENTIONS, MATRIX_CONVENTIONS, Matching, match, open_source, parse_keys
+from .store import (Store, append_batches, appendable, check_batch, check_metric, commit_gallery, create_store,
+                    feature_dtype, is_local_path, new_store, open_store, read_ids, refuse_existing, write_rows)
+from .store.layout import DISTANCE_KINDS
 
-_READ_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError)
-
-
-class _Member:
-    """One .npy member of the archive: header facts, and its rows read in order."""
-
-    def __init__(self, zf: zipfile.ZipFile, info: zipfile.ZipInfo, name: str, src: str):
-        self.zf, self.info, self.name, self.src = zf, info, name, src
-        try:
-            with zf.open(info) as fh:
-                self.shape, self.fortran, self.dtype = _read_header(fh)
-        except _READ_ERRORS as exc:
-            raise self._error(exc) from None
-        self._whole = None
-
-    def _error(self, exc: Exception) -> StoreError:
-        return StoreError(f"cannot read '{self.name}' from '{self.src}': {exc}")
-
-    @property
-    def row_items(self) -> int:
-        return int(np.prod(self.shape[1:], dtype=np.int64))
-
-    def chunks(self, step: int):
-        """Yield consecutive blocks of ``step`` rows (the last one shorter)."""
-        try:
-            yield from self._chunks(step)
-        except _READ_ERRORS as exc:
-            raise self._error(exc) from None
-
-    def _chunks(self, step: int):
-        n = self.shape[0]
-        if self.fortran and len(self.shape) > 1:
-            if self._whole is None:
-                with self.zf.open(self.info) as fh:
-                    self._whole = npy_format.read_array(fh, allow_pickle=False)
-            for start in range(0, n, step):
-                yield self._whole[start:start + step]
-            return
-        with self.zf.open(self.info) as fh:
-            _read_header(fh)
-            row_bytes = self.row_items * self.dtype.itemsize
-            for start in range(0, n, step):
-                rows = min(step, n - start)
-                data = _read_exact(fh, rows * row_bytes)
-                yield np.frombuffer(data, dtype=self.dtype).reshape((rows,) + tuple(self.shape[1:]))
+SETS = ("query", "gallery")
 
 
-def _read_header(fh):
-    version = npy_format.read_magic(fh)
-    if version == (1, 0):
-        return npy_format.read_array_header_1_0(fh)
-    if version == (2, 0):
-        return npy_format.read_array_header_2_0(fh)
-    return npy_format._read_array_header(fh, version)  # 3.0: utf-8 header, same fields
+@dataclass(frozen=True)
+class GivenIds:
+    """A set's ids (and paths) from outside the input: a CSV file or an existing store."""
+
+    label: str
+    pids: object  # arrays in the ``streameval.io`` interface
+    camids: object
+    paths: list | None
 
 
-def _read_exact(fh, nbytes: int) -> bytes:
-    parts, remaining = [], nbytes
-    while remaining:
-        data = fh.read(remaining)
-        if not data:
-            raise EOFError("the data ends before the size its header declares")
-        parts.append(data)
-        remaining -= len(data)
-    return b"".join(parts) if len(parts) != 1 else parts[0]
+def convert(
+    inputs,
+    out,
+    *,
+    keys=None,
+    query_ids=None,
+    gallery_ids=None,
+    ids_from=None,
+    matrix: str | None = None,
+    dtype: str | None = None,
+    chunk_rows: int | None = None,
+    default_metric: str | None = None,
+    overwrite: bool = False,
+    report=None,
+) -> Store:
+    """Convert ``inputs`` (a file, a folder of .npy files, or a list of .npy files) into a store at
+    ``out`` and return it opened.
+
+    ``keys``: {"qf": NAME, ...} or ["qf=NAME", ...], the input's arrays named directly (keys qf, gf,
+    q_pids, g_pids, q_camids, g_camids, and dist, q_dist for a matrix).  ``query_ids`` /
+    ``gallery_ids``: CSV files of a set's ids (and image paths); ``ids_from``: a store whose ids and
+    paths are copied.  ``matrix``: "distance" or "similarity" when the input holds a query x gallery
+    matrix instead of features.
+
+    Feature stores: the stored dtype is ``dtype`` if given (float16 or float32), else float16 when
+    the input features are float16 and float32 otherwise; ``default_metric`` defaults to euclidean.
+    ``report``: called with the :class:`~streameval.io.Matching` once the store is written.  Raises
+    StoreError, before touching ``out``, when an array is missing or malformed or a value is not
+    finite; refuses to replace an existing ``out`` unless ``overwrite``.
+    """
+    keys = parse_keys(keys)
+    if chunk_rows is not None and chunk_rows < 1:
+        raise OptionError(f"chunk_rows must be a positive integer, got {chunk_rows!r}")
+    if matrix is not None:
+        if matrix not in DISTANCE_KINDS:
+            raise OptionError(f"matrix must be one of {', '.join(DISTANCE_KINDS)}, got {matrix!r}")
+        if dtype is not None or default_metric is not None:
+            raise OptionError("a distance store has no features: --dtype and --metric apply to feature inputs")
+    else:
+        dtype = None if dtype is None else feature_dtype(dtype)
+        default_metric = default_metric or "euclidean"
+        check_metric(default_metric)
+    paths = [os.fspath(p) for p in inputs] if isinstance(inputs, (list, tuple)) else [os.fspath(inputs)]
+    _check_output(out, [*paths, query_ids, gallery_ids, ids_from], overwrite)
+    given = _given_ids(query_ids, gallery_ids, ids_from)
+    with open_source(paths) as source:
+        if matrix is not None:
+            store, found = _convert_matrix(source, out, matrix, keys, given, chunk_rows, overwrite)
+        else:
+            store, found = _convert_features(source, out, keys, given, dtype, chunk_rows, default_metric, overwrite)
+    if report is not None:
+        report(Matching.of(source, found, {name: (ids.label, ids.paths is not None) for name, ids in given.items()}))
+    return store
 
 
-def _open_members(zf: zipfile.ZipFile, src: str, sets=("query", "gallery")) -> dict:
-    """The arrays of ``sets`` by their long names (missing ones named in the error, with what is there)."""
-    available = {info.filename[:-4]: info for info in zf.infolist() if info.filename.endswith(".npy")}
-    members = {}
-    for long_name in (name for name in ARRAY_NAMES if name.split("_")[0] in sets):
-        try:
-            info = pick_array(available, long_name)
-        except OptionError as exc:
-            holds = ", ".join(sorted(available)) or "no .npy arrays"
-            raise StoreError(f"'{src}': {exc}; it holds: {holds}") from None
-        members[long_name] = _Member(zf, info, info.filename[:-4], src)
+convert_npz = convert  # the name of the converter from the days it read .npz files only
+
+
+def _check_output(out, inputs: list, overwrite: bool) -> None:
+    """Neither the output nor what --overwrite would delete holds an input."""
+    if isinstance(out, (str, os.PathLike)) and os.path.exists(out):
+        real_out = os.path.realpath(out)
+        for src in (os.fspath(p) for p in inputs if p is not None and os.path.exists(p)):
+            if os.path.samefile(out, src):
+                raise StoreError(f"the output '{os.fspath(out)}' is the input file '{src}'")
+            if os.path.commonpath([real_out, os.path.realpath(src)]) == real_out:
+                raise StoreError(
+                    f"the input '{src}' is inside the output '{os.fspath(out)}', which --overwrite would delete"
+                )
+    refuse_existing(out, overwrite)
+
+
+def _given_ids(query_ids, gallery_ids, ids_from) -> dict:
+    """{set name: GivenIds} for the sets whose ids do not come from the input."""
+    if ids_from is not None:
+        if query_ids is not None or gallery_ids is not None:
+            raise OptionError("ids come from --ids-from or from --query-ids / --gallery-ids, not both")
+        return _store_ids(ids_from)
+    from .io.csv_ids import CsvIds
+    from .store.paths import check_paths
+
+    given = {}
+    for set_name, path in (("query", query_ids), ("gallery", gallery_ids)):
+        if path is not None:
+            ids = CsvIds(path, set_name)
+            if ids.paths is not None:
+                check_paths(ids.paths, f"'{ids.path}' {set_name} paths", ids.rows)
+            given[set_name] = GivenIds(os.path.basename(ids.path), ids.column("pids"), ids.column("camids"), ids.paths)
+    return given
+
+
+def _store_ids(target) -> dict:
+    from .io.arrays import MemoryArray
+    from .store.paths import read_paths
+
+    store = open_store(target)
+    given = {}
+    for fs in (store.query, store.gallery):
+        pids, camids = read_ids(fs)
+        given[fs.name] = GivenIds(os.path.basename(os.fspath(target)), MemoryArray(f"{fs.name} pids", pids),
+                                  MemoryArray(f"{fs.name} camids", camids), read_paths(store, fs.name, slice(None)))
+    return given
+
+
+def _id_names(given: dict, sets=SETS) -> list:
+    """The long names of the ids the input must hold (those of ``sets`` not given otherwise)."""
+    return [f"{s}_{field}" for s in sets if s not in given for field in ("pids", "camids")]
+
+
+def _members(source, found: dict, given: dict) -> dict:
+    """{long name: array}: the input's arrays (ids as ``source.ids`` reads them) and the given ids."""
+    members = {long: source.ids(array) if long.endswith(("pids", "camids")) else array for long, array in found.items()}
+    for set_name, ids in given.items():
+        members[f"{set_name}_pids"], members[f"{set_name}_camids"] = ids.pids, ids.camids
     return members
 
 
-def _check_headers(members: dict, src: str, sets=("query", "gallery")) -> int:
+# ------------------------------------------------------------------------------------------ features
+
+
+def _convert_features(source, out, keys, given, dtype, chunk_rows, default_metric, overwrite):
+    found = match(source, ["query_features", "gallery_features", *_id_names(given)], keys)
+    members = _members(source, found, given)
+    dim = _check_headers(members, source.path)
+    if dtype is None:
+        half = all(members[f"{s}_features"].dtype == np.float16 for s in SETS)
+        dtype = np.dtype(np.float16 if half else np.float32)
+    if chunk_rows is None:
+        chunk_rows = plan.default_chunk_rows(dim, dtype.itemsize)
+    for set_name in SETS:
+        _check_values(members, set_name, chunk_rows, dim, dtype, source.path)
+    n_query, n_gallery = (members[f"{s}_features"].shape[0] for s in SETS)
+    with new_store(out, overwrite):
+        store = create_store(out, n_query, n_gallery, dim, dtype.name, chunk_rows, default_metric)
+        for fs in (store.query, store.gallery):
+            for start, feats, pids, camids in _batches(members, fs.name, fs.chunk_rows):
+                write_rows(fs, start, feats, pids, camids)
+        store = commit_gallery(out)
+        _write_paths(out, given)
+    return store, found
+
+
+def _write_paths(out, given: dict) -> None:
+    from .store.paths import write_paths
+
+    for set_name, ids in given.items():
+        if ids.paths is not None:
+            write_paths(out, set_name, ids.paths)
+
+
+def _check_headers(members: dict, src: str, sets=SETS) -> int:
     """Shapes and dtypes of the arrays of ``sets``; returns the feature dimension."""
     for set_name in sets:
         feats = members[f"{set_name}_features"]
@@ -146,7 +226,7 @@ def _check_headers(members: dict, src: str, sets=("query", "gallery")) -> int:
 
 def _batches(members: dict, set_name: str, step: int):
     """(start, features, pids, camids) per block of ``step`` rows of one set."""
-    streams = (members[f"{set_name}_{field}"].chunks(step) for field in ("features", "pids", "camids"))
+    streams = (members[f"{set_name}_{field}"].blocks(step) for field in ("features", "pids", "camids"))
     start = 0
     for feats, pids, camids in zip(*streams):
         yield start, feats, pids, camids
@@ -160,85 +240,87 @@ def _check_values(members: dict, set_name: str, step: int, dim: int, dtype: np.d
         check_batch(feats, pids, camids, f"'{src}': {set_name}", dim, dtype, start)
 
 
-def convert_npz(
-    input_npz,
-    out,
-    *,
-    dtype: str | None = None,
-    chunk_rows: int | None = None,
-    default_metric: str = "euclidean",
-    overwrite: bool = False,
-) -> Store:
-    """Convert an .npz of features and ids into a store at ``out`` and return it opened.
-
-    The stored dtype is ``dtype`` if given (float16 or float32), else float16 when the input
-    features are float16 and float32 otherwise (float64 inputs are stored as float32).  Raises
-    StoreError, before touching ``out``, when an array is missing or malformed or a value is not
-    finite; refuses to replace an existing ``out`` unless ``overwrite``.
-    """
-    src = os.fspath(input_npz)
-    check_metric(default_metric)
-    if dtype is not None:
-        dtype = feature_dtype(dtype)
-    if chunk_rows is not None and chunk_rows < 1:
-        raise OptionError(f"chunk_rows must be a positive integer, got {chunk_rows!r}")
-    if not os.path.isfile(src):
-        raise StoreError(f"no input file at '{src}'")
-    if isinstance(out, (str, os.PathLike)) and os.path.exists(out):
-        if os.path.samefile(out, src):
-            raise StoreError(f"the output '{os.fspath(out)}' is the input file")
-        real_out = os.path.realpath(out)
-        if os.path.commonpath([real_out, os.path.realpath(src)]) == real_out:
-            raise StoreError(
-                f"the input '{src}' is inside the output '{os.fspath(out)}', which --overwrite would delete"
-            )
-    refuse_existing(out, overwrite)
-    with _open_archive(src) as zf:
-        return _convert(zf, src, out, dtype, chunk_rows, default_metric, overwrite)
-
-
-def append_npz(input_npz, store_target) -> Store:
-    """Append the gallery rows of an .npz (``gallery_features``, ``gallery_pids``,
-    ``gallery_camids`` or ``gf``, ``g_pids``, ``g_camids``) to an existing store, streamed a store
-    chunk at a time.  Everything is checked before the store is touched; the rows become visible
-    only once all are written (``store.append_batches``)."""
-    src = os.fspath(input_npz)
-    if not os.path.isfile(src):
-        raise StoreError(f"no input file at '{src}'")
-    store = open_store(store_target)
-    with _open_archive(src) as zf:
-        members = _open_members(zf, src, sets=("gallery",))
-        dim = _check_headers(members, src, sets=("gallery",))
+def append_npz(input_npz, store_target, paths=None, keys=None) -> Store:
+    """Append the gallery rows of an input ``convert`` reads (``gallery_features``,
+    ``gallery_pids``, ``gallery_camids`` or ``gf``, ``g_pids``, ``g_camids``, or another known name,
+    or ``keys``) to an existing store, streamed a store chunk at a time, with their image ``paths``
+    if the store holds gallery paths.  Everything is checked before the store is touched; the rows
+    become visible only once all are written (``store.append_batches``)."""
+    store = appendable(store_target)
+    with open_source(input_npz) as source:
+        found = match(source, ["gallery_features", *_id_names({}, sets=("gallery",))], parse_keys(keys))
+        members = _members(source, found, {})
+        dim = _check_headers(members, source.path, sets=("gallery",))
         if dim != store.dim:
-            raise StoreError(f"'{src}': gallery features have dimension {dim} but the store's have {store.dim}")
+            raise StoreError(f"'{source.path}': gallery features have dimension {dim} but the store's have {store.dim}")
         step = store.gallery.chunk_rows
-        _check_values(members, "gallery", step, dim, store.gallery.features.dtype, src)
-        return append_batches(store_target, members["gallery_features"].shape[0], _batches(members, "gallery", step))
+        _check_values(members, "gallery", step, dim, store.gallery.features.dtype, source.path)
+        return append_batches(store_target, members["gallery_features"].shape[0], _batches(members, "gallery", step),
+                              paths)
 
 
-def _open_archive(src: str) -> zipfile.ZipFile:
-    if not zipfile.is_zipfile(src):
-        raise StoreError(f"'{src}' is not an .npz archive (a zip of .npy arrays, as numpy.savez writes)")
+# ------------------------------------------------------------------------------------------ matrices
+
+
+def _convert_matrix(source, out, kind, keys, given, chunk_rows, overwrite):
+    """A query x gallery matrix (and optionally query x query) with its ids -> a distance store."""
+    from .store.distances import write_distance_store
+
+    conventions = {**CONVENTIONS, **MATRIX_CONVENTIONS[kind]}
+    found = match(source, ["distances", *_id_names(given)], keys, optional=["query_distances"],
+                  conventions=conventions, ids_elsewhere=True)
+    members = _members(source, found, given)
+    ids = [members[f"{s}_{field}"].whole() for s in SETS for field in ("pids", "camids")]
+    query_distances = members.get("query_distances")
+    store = write_distance_store(out, members["distances"].matrix(), *ids, kind=kind, chunk_rows=chunk_rows,
+                                 query_distances=None if query_distances is None else query_distances.matrix(),
+                                 overwrite=overwrite)
     try:
-        return zipfile.ZipFile(src)
-    except _READ_ERRORS as exc:
-        raise StoreError(f"cannot read '{src}': {exc}") from None
+        _write_paths(out, given)
+    except BaseException:
+        if is_local_path(out):
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    return store, found
 
 
-def _convert(zf, src, out, dtype, chunk_rows, default_metric, overwrite) -> Store:
-    members = _open_members(zf, src)
-    dim = _check_headers(members, src)
-    if dtype is None:
-        half = all(members[f"{s}_features"].dtype == np.float16 for s in ("query", "gallery"))
-        dtype = np.dtype(np.float16 if half else np.float32)
-    if chunk_rows is None:
-        chunk_rows = plan.default_chunk_rows(dim, dtype.itemsize)
-    for set_name in ("query", "gallery"):
-        _check_values(members, set_name, chunk_rows, dim, dtype, src)
-    n_query, n_gallery = (members[f"{s}_features"].shape[0] for s in ("query", "gallery"))
-    with new_store(out, overwrite):
-        store = create_store(out, n_query, n_gallery, dim, dtype.name, chunk_rows, default_metric)
-        for fs in (store.query, store.gallery):
-            for start, feats, pids, camids in _batches(members, fs.name, fs.chunk_rows):
-                write_rows(fs, start, feats, pids, camids)
-        return commit_gallery(out)
+# ------------------------------------------------------------------------------------------ eval
+
+
+@contextlib.contextmanager
+def evaluation_store(target, *, convert_to=None, overwrite: bool = False, state=None, say=None, **reading):
+    """``eval``'s input as a store: ``target`` itself if it is one; otherwise ``target`` converted
+    (``reading``: ``convert``'s keywords) into the store ``convert_to``, or into a temporary store
+    removed afterwards.  ``say``: called with the line telling so, once converted."""
+    from .io import is_store
+
+    if is_store(target):
+        if convert_to is not None or any(value for value in reading.values()):
+            raise OptionError(f"'{os.fspath(target)}' is a store: --convert-to, --key, --query-ids, --gallery-ids, "
+                              "--ids-from, --distances and --similarity apply to a file that eval converts first")
+        yield target
+        return
+    if state is not None and convert_to is None:
+        raise OptionError("--state is for 'streameval update' of the evaluated store, but a converted input's store "
+                          "is temporary: add --convert-to PATH to keep it")
+    if state is not None:
+        from .outputs import check_folder
+        from .statestore import check_writable
+
+        check_folder(state, "state directory")  # before the conversion, as eval checks its outputs first
+        check_writable(state, overwrite)
+
+    def tell(matching):
+        if say is not None:
+            kept = f"the store '{os.fspath(convert_to)}'" if convert_to is not None else \
+                "a temporary store (removed after the evaluation; --convert-to PATH keeps it)"
+            say(f"'{os.fspath(target)}' is not a store: converted it to {kept}; {matching}")
+
+    if convert_to is not None:
+        yield convert(target, convert_to, overwrite=overwrite, report=tell, **reading).path
+        return
+    folder = tempfile.mkdtemp(prefix="streameval-")
+    try:
+        yield convert(target, os.path.join(folder, "store.zarr"), report=tell, **reading).path
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -209,7 +209,8 @@ def test_convert_bad_input_exits_3(tmp_path):
     assert result.exit_code == 3
     assert result.stderr.strip().splitlines() == [
         f"error: '{tmp_path / 'bad.npz'}': input arrays lack 'gallery_camids' (or its short name 'g_camids'); "
-        "it holds: g_pids, gf, q_camids, q_pids, qf"
+        "it holds: g_pids (200,) int64, gf (200, 10) float32, q_camids (30,) int64, q_pids (30,) int64, "
+        "qf (30, 10) float32; name it with --key g_camids=NAME"
     ]
     assert not (tmp_path / "out.zarr").exists()
 

@@ -1,0 +1,113 @@
+""".npz archives (``numpy.savez`` / ``savez_compressed``), members streamed.
+
+``numpy.load`` reads a whole .npz member into memory (``mmap_mode`` does not apply to archives), so
+members are streamed instead: each is opened in the zip (stored or deflated alike), its .npy header
+parsed, and its rows read a block at a time.  Memory stays bounded by a block, except for a 2-D
+member saved in Fortran order, which has to be read whole (and a distance matrix, ``matrix()``,
+which is read whole: a block of its rows and columns is not a contiguous read).
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+import zlib
+
+import numpy as np
+from numpy.lib import format as npy_format
+
+from ..errors import StoreError
+from . import Source
+
+_READ_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError)
+
+
+class Member:
+    """One .npy member of the archive: header facts, and its rows read in order."""
+
+    def __init__(self, zf: zipfile.ZipFile, info: zipfile.ZipInfo, name: str, src: str):
+        self.zf, self.info, self.name, self.src = zf, info, name, src
+        try:
+            with zf.open(info) as fh:
+                self.shape, self.fortran, self.dtype = _read_header(fh)
+        except _READ_ERRORS as exc:
+            raise self._error(exc) from None
+        self._whole = None
+
+    def _error(self, exc: Exception) -> StoreError:
+        return StoreError(f"cannot read '{self.name}' from '{self.src}': {exc}")
+
+    @property
+    def row_items(self) -> int:
+        return int(np.prod(self.shape[1:], dtype=np.int64))
+
+    def blocks(self, step: int):
+        """Yield consecutive blocks of ``step`` rows (the last one shorter)."""
+        try:
+            yield from self._blocks(step)
+        except _READ_ERRORS as exc:
+            raise self._error(exc) from None
+
+    def whole(self) -> np.ndarray:
+        if self._whole is None:
+            try:
+                with self.zf.open(self.info) as fh:
+                    self._whole = npy_format.read_array(fh, allow_pickle=False)
+            except _READ_ERRORS as exc:
+                raise self._error(exc) from None
+        return self._whole
+
+    def matrix(self) -> np.ndarray:
+        return self.whole()
+
+    def _blocks(self, step: int):
+        n = self.shape[0]
+        if self.fortran and len(self.shape) > 1:
+            whole = self.whole()
+            for start in range(0, n, step):
+                yield whole[start:start + step]
+            return
+        with self.zf.open(self.info) as fh:
+            _read_header(fh)
+            row_bytes = self.row_items * self.dtype.itemsize
+            for start in range(0, n, step):
+                rows = min(step, n - start)
+                data = _read_exact(fh, rows * row_bytes)
+                yield np.frombuffer(data, dtype=self.dtype).reshape((rows,) + tuple(self.shape[1:]))
+
+
+def _read_header(fh):
+    version = npy_format.read_magic(fh)
+    if version == (1, 0):
+        return npy_format.read_array_header_1_0(fh)
+    if version == (2, 0):
+        return npy_format.read_array_header_2_0(fh)
+    return npy_format._read_array_header(fh, version)  # 3.0: utf-8 header, same fields
+
+
+def _read_exact(fh, nbytes: int) -> bytes:
+    parts, remaining = [], nbytes
+    while remaining:
+        data = fh.read(remaining)
+        if not data:
+            raise EOFError("the data ends before the size its header declares")
+        parts.append(data)
+        remaining -= len(data)
+    return b"".join(parts) if len(parts) != 1 else parts[0]
+
+
+def open_source(src: str) -> Source:
+    """The .npy members of the archive at ``src``, by name."""
+    if not zipfile.is_zipfile(src):
+        raise StoreError(f"'{src}' is not an .npz archive (a zip of .npy arrays, as numpy.savez writes)")
+    try:
+        zf = zipfile.ZipFile(src)
+    except _READ_ERRORS as exc:
+        raise StoreError(f"cannot read '{src}': {exc}") from None
+    try:
+        arrays = {info.filename[:-4]: Member(zf, info, info.filename[:-4], src)
+                  for info in zf.infolist() if info.filename.endswith(".npy")}
+    except BaseException:
+        zf.close()
+        raise
+    return Source(src, f"{os.path.basename(src)} (.npz)", arrays, close=zf.close)
