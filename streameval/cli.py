@@ -1,4 +1,4 @@
-"""Command line: ``streameval eval | update | append | synth | convert | validate | plot | aggregate |
+"""Command line: ``streameval eval | update | append | synth | convert | validate | plot | show | aggregate |
 protocols``.
 
 Errors in the input end as one line on stderr and a non-zero exit code (2: bad option,
@@ -9,6 +9,7 @@ so ``--help`` answers at once.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -16,7 +17,7 @@ import time
 import click
 
 from . import outputs
-from .choices import METRICS, PRECISIONS
+from .choices import MAX_RANK_LIMIT, METRICS, PRECISIONS, SUMMARY_FORMATS
 from .errors import StreamevalError
 from .plan import parse_bytes
 
@@ -85,6 +86,13 @@ def _int_list(ctx, param, value):
         return tuple(int(v) for v in value.split(",") if v.strip())
     except ValueError:
         raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+
+
+def _rank_list(ctx, param, value):
+    ranks = _int_list(ctx, param, value)
+    if ranks is not None and not (ranks and all(1 <= k <= MAX_RANK_LIMIT for k in ranks)):
+        raise click.BadParameter(f"expected ranks from 1 to {MAX_RANK_LIMIT:,}, comma-separated, got {value!r}")
+    return ranks
 
 
 def _bytes(ctx, param, value):
@@ -202,16 +210,59 @@ _execution_options = _options(
                  help="fsspec storage option for a URL store (s3://...), repeatable, e.g. -S anon=true."),
 )
 
+_summary_options = _options(
+    click.option("--ranks", callback=_rank_list, metavar="K[,K...]",
+                 help="CMC ranks printed in the summary, e.g. 1,5,10 (the JSON keeps the whole curve). Default: "
+                      "1, 5, 10, 20 and the max rank, those up to it. eval without --max-rank evaluates the CMC as "
+                      "far as the largest; otherwise a rank past the max rank is refused."),
+    click.option("--format", "summary_format", type=click.Choice(SUMMARY_FORMATS), default="table", show_default=True,
+                 help="Summary layout: the terminal table, or a table to paste (markdown, csv, latex): Rank-k, mAP, "
+                      "mINP, mAP_trapezoid in percent with 2 decimals, GOM values; mean +- std over trials."),
+)
+
 _output_options = _options(
     click.option("--json", "json_path", type=click.Path(), default=None,
                  help="Write the full result as JSON to this file ('-' for stdout)."),
     click.option("--per-query", is_flag=True,
                  help="Include per-query AP, INP, first-hit rank, #positives in the JSON."),
     click.option("--quiet", "-q", is_flag=True, help="Print no progress and no summary table."),
+    _summary_options,
 )
 
 
-def _finish(result, label, json_path, per_query, quiet) -> None:
+_ranked_options = _options(
+    click.option("--ranked-list", type=click.IntRange(min=1), default=None, metavar="K",
+                 help="Also write each query's top-K gallery rows in ranking order, marked positive / negative "
+                      "(and junk), computed in the same pass (docs/ranked-lists.md)."),
+    click.option("--ranked-out", type=click.Path(), default=None,
+                 help="Where the ranked lists go: a JSON-lines file, or a zarr group if it ends in .zarr. Default: "
+                      "next to --json, as <json stem>.ranked.jsonl."),
+    click.option("--queries", default=None, metavar="worst:N|best:N|ids:LIST|all",
+                 help="Whose ranked lists are written (default all); worst/best leave out queries without positives."),
+    click.option("--sort-by", type=click.Choice(["ap", "inp", "rank"]), default=None,
+                 help="What worst and best are judged by: AP (default), INP or the first hit's rank."),
+    click.option("--with-junk", is_flag=True, default=None,
+                 help="Show the rows the protocol excludes (junk) in place when they come before the K-th kept row."),
+    click.option("--with-positives", is_flag=True, default=None,
+                 help="Add every positive of each query with its rank and distance."),
+    click.option("--trial", type=click.IntRange(min=0), default=None,
+                 help="With trials: the trial whose ranked lists are written (default 0)."),
+)
+
+
+def _max_rank_for(ranks, max_rank):
+    """--ranks past --max-rank: a max rank left at eval's default is raised to cover them (the
+    user asked for those points); one given on the command line is refused.  None (update: the
+    state's) is checked against the result."""
+    if not ranks or max_rank is None or max(ranks) <= max_rank:
+        return max_rank
+    if click.get_current_context().get_parameter_source("max_rank") == click.core.ParameterSource.DEFAULT:
+        return max(ranks)
+    raise click.UsageError(f"--ranks {max(ranks)} is past --max-rank {max_rank}; raise --max-rank to {max(ranks)} "
+                           "or more")
+
+
+def _finish(result, label, json_path, per_query, quiet, ranks, summary_format) -> None:
     """Write the JSON (timed as its own phase), then print the summary.  If the JSON cannot be
     written, the summary is still printed and the error names the fallback file that holds it."""
     from . import report
@@ -223,7 +274,10 @@ def _finish(result, label, json_path, per_query, quiet) -> None:
         result.add_phase("writing JSON", time.perf_counter() - started)
     if not quiet:
         # with JSON on stdout, the table goes to stderr so the JSON stays parseable
-        click.echo(report.summary(result, label), err=json_path == "-")
+        click.echo(report.formatted(result, label, ranks, summary_format), err=json_path == "-")
+        warning = summary_format != "table" and report.clipping_warning(result.gom)  # the table holds it
+        if warning:
+            click.echo(f"warning: {warning}", err=True)
     if failure is not None:
         raise failure
 
@@ -242,22 +296,78 @@ def _write_json(data: dict, json_path: str, what: str):
     return None
 
 
+_reading_options = _options(  # how convert (and eval, for an input that is not a store) reads a file
+    click.option("--key", "keys", multiple=True, metavar="KEY=NAME",
+                 help="The input's array NAME is KEY (qf, gf, q_pids, g_pids, q_camids, g_camids; dist, q_dist for "
+                      "a matrix), for names not among the known ones (docs/formats.md); repeatable."),
+    click.option("--query-ids", type=click.Path(exists=True, dir_okay=False), default=None, metavar="CSV",
+                 help="The queries' ids from this CSV file: a header line, then pid,camid[,path] per row."),
+    click.option("--gallery-ids", type=click.Path(exists=True, dir_okay=False), default=None, metavar="CSV",
+                 help="The gallery's ids from this CSV file, as --query-ids."),
+    click.option("--ids-from", type=click.Path(), default=None, metavar="STORE",
+                 help="Copy both sets' ids (and image paths) from this store, e.g. the features' store of a matrix."),
+    click.option("--distances", is_flag=True, help="The input holds a query x gallery distance matrix, not features."),
+    click.option("--similarity", is_flag=True,
+                 help="The input holds a query x gallery similarity matrix (larger is closer), not features."),
+)
+
+
+def _reading(options: dict) -> dict:
+    """The reading options, taken out of a command's keywords, as ``convert``'s keywords."""
+    distances, similarity = options.pop("distances"), options.pop("similarity")
+    return {"keys": options.pop("keys"), "query_ids": options.pop("query_ids"),
+            "gallery_ids": options.pop("gallery_ids"), "ids_from": options.pop("ids_from"),
+            "matrix": "similarity" if similarity else "distance" if distances else None}
+
+
+def _finish_with_lists(result, ranked_out, label, json_path, per_query, quiet, ranks, summary_format) -> None:
+    """Write the ranked lists to ``ranked_out`` (if asked), then ``_finish``; lists that could not
+    be written are reported after the result JSON and the summary."""
+    from .ranked import write_output
+
+    failure = write_output(result, ranked_out, json_path)
+    _finish(result, label, json_path, per_query, quiet, ranks, summary_format)
+    if failure is not None:
+        raise failure
+    if ranked_out is not None and not quiet:
+        click.echo(f"ranked lists of {len(result.ranked_lists):,} queries written to {ranked_out}",
+                   err=json_path == "-")
+
+
 @main.command("eval")
 @click.argument("store", type=click.Path())
 @_result_options(defaults=True)
 @_execution_options
 @_output_options
+@_ranked_options
 @click.option("--state", type=click.Path(file_okay=False), default=None,
               help="Also save the per-query state to this directory, for 'streameval update' after appends.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing --json file or --state.")
-def eval_cmd(store, json_path, per_query, quiet, state, overwrite, **options):
-    """Evaluate STORE's queries against its gallery, streaming the gallery in chunks."""
-    outputs.check_file(json_path, overwrite, "--json file")
-    from .evaluate import evaluate  # checks --state before any work
+@click.option("--overwrite", is_flag=True, help="Replace an existing --json file, --state or ranked-lists output.")
+@_reading_options
+@click.option("--convert-to", type=click.Path(), default=None, metavar="PATH",
+              help="When STORE is a file to convert: write its store here and keep it (--overwrite replaces one). "
+                   "Default: a temporary store, removed after the evaluation.")
+def eval_cmd(store, json_path, per_query, quiet, state, overwrite, ranks, summary_format, convert_to, **options):
+    """Evaluate STORE's queries against its gallery, streaming the gallery in chunks.
 
+    STORE may also be a file 'streameval convert' reads (.npz, .npy or a folder of them, .mat, .h5,
+    .pt; docs/formats.md): it is converted to a store first, and a line on stderr says so.
+    """
+    outputs.check_file(json_path, overwrite, "--json file")
+    outputs.check_directory(convert_to, overwrite, "--convert-to store")
+    reading = _reading(options)
+    options["max_rank"] = _max_rank_for(ranks, options["max_rank"])
+    from .evaluate import evaluate  # checks --state before any work
+    from .ranked import output_path
+
+    ranked_out = output_path(options["ranked_list"], options.pop("ranked_out"), json_path, overwrite)
     options["std_ddof"] = int(options["std_ddof"])
-    result = evaluate(store, progress=not quiet, state=state, overwrite_state=overwrite, **options)
-    _finish(result, store, json_path, per_query, quiet)
+    from .convert import evaluation_store
+
+    say = functools.partial(click.echo, err=True)
+    with evaluation_store(store, convert_to=convert_to, overwrite=overwrite, state=state, say=say, **reading) as target:
+        result = evaluate(target, progress=not quiet, state=state, overwrite_state=overwrite, **options)
+        _finish_with_lists(result, ranked_out, store, json_path, per_query, quiet, ranks, summary_format)
 
 
 @main.command()
@@ -267,8 +377,9 @@ def eval_cmd(store, json_path, per_query, quiet, state, overwrite, **options):
 @_result_options(defaults=False)
 @_execution_options
 @_output_options
-@click.option("--overwrite", is_flag=True, help="Replace an existing --json file.")
-def update(store, state, json_path, per_query, quiet, overwrite, **options):
+@_ranked_options
+@click.option("--overwrite", is_flag=True, help="Replace an existing --json file or ranked-lists output.")
+def update(store, state, json_path, per_query, quiet, overwrite, ranks, summary_format, **options):
     """Score only the gallery rows appended to STORE since --state was saved, and report.
 
     The result equals a full 'streameval eval'.  Queries that got new positives are re-scored over
@@ -277,18 +388,23 @@ def update(store, state, json_path, per_query, quiet, overwrite, **options):
     must match the state's; --max-rank, --gom-b and --gom-vp may differ.
     """
     outputs.check_file(json_path, overwrite, "--json file")
+    options["max_rank"] = _max_rank_for(ranks, options["max_rank"])
     options["no_gom"] = options["no_gom"] or None  # an absent flag means "as in the state"
     options["std_ddof"] = None if options["std_ddof"] is None else int(options["std_ddof"])
     from .incremental import update as update_state
+    from .ranked import output_path
 
+    ranked_out = output_path(options["ranked_list"], options.pop("ranked_out"), json_path, overwrite)
     result = update_state(store, state, progress=not quiet, **options)
-    _finish(result, store, json_path, per_query, quiet)
+    _finish_with_lists(result, ranked_out, store, json_path, per_query, quiet, ranks, summary_format)
 
 
 @main.command()
 @click.argument("store", type=click.Path())
 @click.argument("input_npz", type=click.Path(exists=True, dir_okay=False))
-def append(store, input_npz):
+@click.option("--paths", "paths_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="The new rows' image paths, one per line: needed (and only accepted) when STORE holds gallery paths.")
+def append(store, input_npz, paths_file):
     """Append the gallery rows of INPUT_NPZ to STORE.
 
     \b
@@ -302,9 +418,10 @@ def append(store, input_npz):
     from .convert import append_npz
     from .report import store_summary
     from .store import open_store
+    from .store.paths import read_paths_file
 
     before = len(open_store(store).gallery)
-    opened = append_npz(input_npz, store)
+    opened = append_npz(input_npz, store, None if paths_file is None else read_paths_file(paths_file))
     click.echo(f"appended {len(opened.gallery) - before:,} rows: " + store_summary(opened))
 
 
@@ -327,15 +444,19 @@ def append(store, input_npz):
               help="Rows per zarr chunk. Default: about 8 MiB of features per chunk.")
 @click.option("--metric", type=click.Choice(METRICS), default="euclidean", show_default=True,
               help="Default distance recorded in the store.")
-@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--images", type=click.Path(file_okay=False), default=None,
+              help="Also write a small PNG per row into this new folder (a figure coloured by its pid, on its camera's "
+                   "background) and the paths into the store, for 'streameval show'.")
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (and write into an existing --images folder).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 def synth(out, queries, gallery, dim, ids, cams, seed, junk, distractors, open_queries, dtype, chunk_rows,
-          metric, overwrite, quiet):
+          metric, images, overwrite, quiet):
     """Write a synthetic ReID-like store (clustered identities, camera shifts), chunk by chunk.
 
     Memory stays bounded by one chunk, so galleries of millions of rows can be generated.
     """
     outputs.check_directory(out, overwrite, "store")
+    outputs.check_directory(images, overwrite, "image folder")
     from .report import store_summary
     from .store import open_store
     from .synth import synthesize
@@ -343,53 +464,113 @@ def synth(out, queries, gallery, dim, ids, cams, seed, junk, distractors, open_q
     synthesize(
         out, n_query=queries, n_gallery=gallery, dim=dim, n_ids=ids, n_cams=cams, seed=seed,
         junk_frac=junk, distractor_frac=distractors, open_query_frac=open_queries, dtype=dtype,
-        chunk_rows=chunk_rows, default_metric=metric, overwrite=overwrite, progress=not quiet,
+        chunk_rows=chunk_rows, default_metric=metric, overwrite=overwrite, progress=not quiet, images=images,
     )
     if not quiet:
         click.echo(store_summary(open_store(out)))
 
 
 @main.command()
-@click.argument("input_npz", type=click.Path(exists=True, dir_okay=False))
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True), metavar="INPUT...")
 @click.argument("out", type=click.Path())
+@_reading_options
 @click.option("--dtype", type=click.Choice(["float32", "float16"]), default=None,
               help="Stored feature dtype. Default: float16 if the input is float16, else float32.")
 @click.option("--chunk-rows", type=click.IntRange(min=1), default=None,
               help="Rows per zarr chunk. Default: about 8 MiB of features per chunk.")
-@click.option("--metric", type=click.Choice(METRICS), default="euclidean", show_default=True,
-              help="Default distance recorded in the store.")
+@click.option("--metric", type=click.Choice(METRICS), default=None,
+              help="Default distance recorded in a feature store. Default: euclidean.")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
-def convert(input_npz, out, dtype, chunk_rows, metric, overwrite):
-    """Convert an .npz of query/gallery features and ids into a store.
+def convert(inputs, out, dtype, chunk_rows, metric, overwrite, **reading):
+    """Convert query/gallery features and ids (or a distance matrix) into a store at OUT.
 
     \b
-    Expected arrays (long or short names):
-      query_features   | qf          gallery_features | gf
-      query_pids       | q_pids      gallery_pids     | g_pids
-      query_camids     | q_camids    gallery_camids   | g_camids
+    INPUT: .npz, .npy files (one array each, named by the file) or a folder of them, .mat (MATLAB
+    v5 or v7.3, e.g. layumi's pytorch_result.mat), .h5/.hdf5, .pt/.pth (needs torch).
+    Arrays are found by their usual names (docs/formats.md lists them), e.g.
+      query features   query_features, qf, query_f      gallery: gallery_features, gf, gallery_f
+      query pids       query_pids, q_pids, query_label  gallery: gallery_pids, g_pids, gallery_label
+      query cameras    query_camids, q_camids, query_cam  gallery: gallery_camids, g_camids, gallery_cam
+    or named with --key qf=NAME.  Names other than streameval's own are reported on stderr.
+
+    \b
+    A distance matrix (re-ranking output):
+      streameval convert dist.npy dist.zarr --distances --ids-from feats.zarr
     """
     outputs.check_directory(out, overwrite, "store")
-    from .convert import convert_npz
+    from .convert import convert as convert_input
     from .report import store_summary
 
-    store = convert_npz(input_npz, out, dtype=dtype, chunk_rows=chunk_rows, default_metric=metric, overwrite=overwrite)
+    def report(matching):
+        if matching.notable:
+            click.echo(str(matching), err=True)
+
+    store = convert_input(list(inputs), out, dtype=dtype, chunk_rows=chunk_rows, default_metric=metric,
+                          overwrite=overwrite, report=report, **_reading(reading))
     click.echo(store_summary(store))
 
 
 @main.command()
-@click.argument("result_json", type=click.Path(exists=True, dir_okay=False))
-@click.argument("out_png", type=click.Path())
-@click.option("--overwrite", is_flag=True, help="Replace OUT_PNG if it exists.")
-def plot(result_json, out_png, overwrite):
-    """Draw the CMC curve and the GOM mReP / mFR curves (tau_max marked) of an eval --json result.
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--out", "-o", type=click.Path(), default=None,
+              help="The image to write (.png, .pdf, .svg, .jpg, .eps, .tif). Without it, the last FILE is the image.")
+@click.option("--labels", default=None, metavar="A,B,...",
+              help="Legend labels, one per result, comma-separated, in order. Default: the file names without .json.")
+@click.option("--overwrite", is_flag=True, help="Replace the image if it exists.")
+def plot(files, out, labels, overwrite):
+    """Draw the curves of eval --json results, one line per result on each panel: CMC (with a
+    +- std band over trials), GOM mReP (tau_max marked) and mFR; per-trial rank-1 and mAP.
 
+    \b
+      streameval plot RESULT.json OUT.png
+      streameval plot A.json B.json --labels a,b --out cmp.png
+
+    A panel with no data in any result (GOM skipped, no open-set query, no trials) is left out.
     Needs matplotlib: in the streameval clone, .venv/bin/pip install -e '.[plot]' (scripts/demo does).
     """
-    outputs.check_file(out_png, overwrite, "plot file")
-    from . import plot as plot_mod
+    from . import plot as plot_mod  # light: matplotlib is imported when drawing
 
-    plot_mod.plot_result(result_json, out_png)
-    click.echo(f"wrote {out_png}")
+    results, out, labels = plot_mod.arguments(files, out, labels)
+    outputs.check_file(out, overwrite, "plot file")
+    plot_mod.plot_results(results, out, labels)
+    click.echo(f"wrote {out}")
+
+
+@main.command("show")
+@click.argument("result", type=click.Path(exists=True))
+@click.option("--store", type=click.Path(), default=None,
+              help="The evaluated store: image paths are read from it for records that lack them.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="The HTML page to write. Default: RESULT with the suffix .html.")
+@click.option("--png", type=click.Path(file_okay=False), default=None,
+              help="Also draw one PNG grid per query into this new folder (needs matplotlib).")
+@click.option("--queries", default=None, metavar="worst:N|best:N|ids:LIST|all",
+              help="Which queries, in which order: lowest / highest AP first, the listed query rows, or all "
+                   "ranked lists in the file's order (the default).")
+@click.option("--image-root", type=click.Path(exists=True, file_okay=False), default=None,
+              help="The folder relative image paths start from. Default: the folder holding --store, "
+                   "else the current folder.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing page (and PNGs of the same names in --png).")
+def show_cmd(result, store, out, png, queries, image_root, overwrite):
+    """Draw the ranked lists of RESULT (an 'eval --ranked-list K --json' result, or the lists
+    themselves: .jsonl or .zarr) as a static HTML page: per query its image, pid, camera, AP and
+    first-hit rank, then the top-k with green / red / grey borders for positive / negative / junk.
+    Without image paths, a table of ids and distances per query.  docs/show.md in the repository
+    explains the page.
+    """
+    from . import show
+
+    show.parse_queries(queries)
+    outputs.check_file(out or show.default_page(result), overwrite, "page")
+    outputs.check_directory(png, overwrite, "PNG folder")
+    facts = show.show(result, store=store, out=out, png=png, queries=queries, image_root=image_root)
+    if facts["missing"]:
+        click.echo(f"warning: {len(facts['missing'])} of {facts['files']} image files do not exist (first: "
+                   f"{facts['missing'][0]}); is --image-root right?", err=True)
+    drawn = f"{facts['files']} images" if facts["files"] else "tables of ids and distances (no image paths)"
+    click.echo(f"wrote {facts['page']}: {show.plural(facts['queries'], 'query', 'queries')}, {drawn}")
+    if png is not None:
+        click.echo(f"wrote {show.plural(facts['queries'], 'PNG grid', 'PNG grids')} to {png}")
 
 
 @main.command()
@@ -413,7 +594,8 @@ def validate(store):
 @click.option("--json", "json_path", type=click.Path(), required=True,
               help="Write the aggregate (the result JSON schema plus 'aggregate') to this file ('-' for stdout).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --json file.")
-def aggregate_cmd(runs, labels, json_path, overwrite):
+@_summary_options
+def aggregate_cmd(runs, labels, json_path, overwrite, ranks, summary_format):
     """Combine the results of separate evaluations (one per split, e.g. RegDB's 10) into the mean,
     std (ddof 1), sem, min, max and count of every metric and curve point, each run counting once.
 
@@ -421,14 +603,16 @@ def aggregate_cmd(runs, labels, json_path, overwrite):
     settings, ...) must match; the stores, their sizes and the execution may differ.
     """
     outputs.check_file(json_path, overwrite, "--json file")
-    from .aggregate import aggregate, check_compatible, load_runs, summary
+    from .aggregate import aggregate, check_compatible, load_runs
+    from .report import aggregate_text
 
     loaded = load_runs(runs, labels)
     for warning in check_compatible(loaded):
         click.echo(f"warning: {warning}", err=True)
     out = aggregate(loaded)
+    text = aggregate_text(out, loaded, ranks, summary_format)  # refuses --ranks past the max rank before writing
     failure = _write_json(out, json_path, "aggregate")
-    click.echo(summary(out), err=json_path == "-")
+    click.echo(text, err=json_path == "-")
     if failure is not None:
         raise failure
 

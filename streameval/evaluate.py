@@ -55,16 +55,21 @@ class Settings:
     max_rank: int
     gom: GomOptions | None
     std_ddof: int = 1
+    ranked: object = None  # ranked.Spec: the top-k lists the pass keeps (None: no ranked lists)
 
     @classmethod
     def parse(cls, store: Store, metric=None, protocol="market", max_rank=50, precision="float32", no_gom=False,
-              gom_norm="minmax", gom_bins=100, gom_b=3000, gom_vp="reference", std_ddof=1,
+              gom_norm="minmax", gom_bins=100, gom_b=3000, gom_vp="reference", std_ddof=1, ranked=None,
               **overrides) -> "Settings":
         from .protocols import resolve
+        from .ranked import Spec
 
         unknown = sorted(set(overrides) - set(PROTOCOL_OPTIONS))
         if unknown:
             raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
+        stored = store is not None and store.holds_distances  # (no store: a saved state's recorded options)
+        if stored:
+            metric, precision = _stored_metric(store, metric), "float64"
         metric = metric or store.default_metric
         if metric not in kernels.METRIC_CODES:
             raise OptionError(f"metric must be one of {', '.join(kernels.METRIC_CODES)}, got {metric!r}")
@@ -77,8 +82,11 @@ class Settings:
         if isinstance(protocol, Mapping):  # a resolved record, as results and states hold it
             protocol = Protocol.from_record(protocol)
         resolved = resolve(protocol, **{k: v for k, v in overrides.items() if v is not None})
+        if stored:
+            _check_stored_protocol(store, resolved)
         gom = None if no_gom else GomOptions.parse(gom_norm, gom_bins, gom_b, gom_vp)
-        return cls(metric, resolved, precision, max_rank, gom, std_ddof)
+        ranked = Spec.parse(ranked, Rules.of(resolved).n_trials)
+        return cls(metric, resolved, precision, max_rank, gom, std_ddof, ranked)
 
     @property
     def rules(self) -> Rules:
@@ -106,13 +114,15 @@ class Settings:
             stats.append(SgsSampled(sgs.repeats, sgs.seed))
         if sgs is not None and sgs.mode in ("expected", "both"):
             stats.append(SgsExpected(meta.identities.pids.shape[0]))
+        if self.ranked is not None:
+            stats.append(self.ranked.statistic())
         return tuple(stats)
 
     def scoring(self, dim: int, meta) -> graph.Scoring:
         stats = self.statistics(meta, dim)
         return graph.Scoring(
             np.dtype(self.precision), kernels.METRIC_CODES[self.metric], self.rules, self.gom,
-            kernels.dot_error_bound(dim, self.precision), stats,
+            kernels.dot_error_bound(dim, self.precision), stats, similarity=self.metric == "similarity",
         )
 
     @property
@@ -124,7 +134,8 @@ class Settings:
         gom = self.gom or GomOptions()
         return {"metric": self.metric, "protocol": self.protocol.to_record(), "max_rank": self.max_rank,
                 "precision": self.precision, "no_gom": self.gom is None, "gom_norm": gom.spec, "gom_bins": gom.bins,
-                "gom_b": gom.b, "gom_vp": gom.vp, "std_ddof": self.std_ddof}
+                "gom_b": gom.b, "gom_vp": gom.vp, "std_ddof": self.std_ddof,
+                **({} if self.ranked is None else {"ranked": self.ranked.to_record()})}
 
     def state_key(self) -> dict:
         """The options a saved per-query state depends on (B, vp and, unless the identity-dedup
@@ -133,6 +144,8 @@ class Settings:
         key = {"metric": self.metric, "protocol": self.protocol.to_record(), "precision": self.precision, "gom": gom}
         if self.protocol.cmc == "identity-dedup":
             key["max_rank"] = self.max_rank
+        if self.ranked is not None:
+            key["ranked"] = self.ranked.to_record()
         return key
 
 
@@ -221,12 +234,14 @@ def session(store: Store, settings: Settings, execution: Execution, phases: Phas
         workers = execution.workers or (sum(client.nthreads().values()) if client else os.cpu_count() or 1)
         plan = make_plan(
             len(store.query), len(store.gallery), store.dim, np.dtype(settings.precision).itemsize,
-            store.gallery.features.dtype.itemsize, store.gallery.chunk_rows, workers,
+            store.gallery.values.dtype.itemsize, store.gallery.chunk_rows, workers,
             parse_bytes(execution.memory_budget), execution.query_block, execution.gallery_chunk,
         )
         if settings.gom is not None:
             check_state_memory(len(store.query), settings.gom.bins + 2, workers, parse_bytes(execution.memory_budget),
                                f"--gom-bins {settings.gom.bins}")
+        if settings.ranked is not None:
+            settings.ranked.check_memory(len(store.query), workers, parse_bytes(execution.memory_budget))
         runner = Runner(client, plan, phases, _progress_bar(execution.progress, label))
         try:
             yield runner
@@ -292,21 +307,37 @@ def evaluate(
     ``state``: also save the per-query state to this directory, so that ``streameval.update`` can
     later score only the gallery rows appended since (an existing state is replaced only with
     ``overwrite_state``).
+
+    ``ranked_list=K``: also keep each query's top-K ranked list (PROTOCOLS.md section 5, in the same
+    pass) of trial ``trial`` (default 0), with the excluded rows before the K-th kept one if
+    ``with_junk``; ``result.ranked_lists`` holds the lists of the queries ``queries`` selects
+    ("all", "worst:N", "best:N", "ids:3,7"; worst and best by ``sort_by``: "ap", "inp" or "rank"),
+    with every positive's rank if ``with_positives`` (docs/ranked-lists.md).
     """
+    from .ranked import request
+
     phases = Phases()
     overrides = {key: options.pop(key) for key in PROTOCOL_OPTIONS if key in options}
+    ranked, selection = request(options)
     execution = Execution.from_options("evaluate", options)
     store = _as_store(data, storage_options)
     settings = Settings.parse(store, metric, protocol, max_rank, precision, no_gom, gom_norm, gom_bins, gom_b,
-                              gom_vp, std_ddof, **overrides)
+                              gom_vp, std_ddof, ranked, **overrides)
     if len(settings.protocol.directions) == 2:
         if state is not None:
             raise OptionError("a state holds one direction: evaluate with direction='v2t' or 't2v' to save one")
+        if ranked is not None:
+            raise OptionError("ranked lists hold one direction: evaluate with direction='v2t' or 't2v' for them")
         return _both_directions(store, settings, execution, phases)
     store = oriented(store, settings.protocol)
+    if selection is not None:
+        selection.check(len(store.query))
     if state is not None:
         from .statestore import check_updatable, check_writable
 
+        if store.holds_distances:
+            raise OptionError(f"'{store.path}' holds precomputed distances, which appended rows would change "
+                              "(re-ranking): it keeps no state for incremental updates (--state)")
         check_updatable(settings)
         check_folder(state, "state directory")
         check_writable(state, overwrite_state)
@@ -317,7 +348,26 @@ def evaluate(
 
         save_state(state, store, settings, query_state)
         phases.lap("saving state")
-    return make_result(store, settings, query_state, runner, read, len(store.query) * query_state.gallery_rows, meta)
+    return make_result(store, settings, query_state, runner, read, len(store.query) * query_state.gallery_rows, meta,
+                       selection=selection)
+
+
+def _stored_metric(store: Store, metric) -> str:
+    """A distance store's "metric": its kind (the stored values are the distances)."""
+    if metric not in (None, store.kind):
+        raise OptionError(f"'{store.path}' holds precomputed {store.kind}s: --metric {metric} does not apply "
+                          "(leave it out)")
+    return store.kind
+
+
+def _check_stored_protocol(store: Store, protocol) -> None:
+    """What a distance store holds is enough for the protocol."""
+    if protocol.gallery_includes_queries and store.query.distances is None:
+        raise OptionError(f"protocol '{protocol.name}' includes the queries in the gallery, but '{store.path}' has no "
+                          "query x query distances (write them with query_distances=...)")
+    if "t2v" in protocol.directions:
+        raise OptionError(f"'{store.path}' holds query x gallery distances for one direction; evaluate direction "
+                          "t2v from a distance store of its own (--direction v2t here)")
 
 
 def oriented(store: Store, protocol) -> Store:
@@ -362,11 +412,12 @@ def full_state(store: Store, settings: Settings, runner: Runner):
 
 
 def make_result(store: Store, settings: Settings, state: QueryState, runner: Runner, bytes_read: int, pairs: int,
-                meta=None, **run_facts) -> metrics.Result:
+                meta=None, selection=None, **run_facts) -> metrics.Result:
     """Per-query values, closed-set and GOM aggregates of ``state`` per trial, their means when
     there are several, and how the run went: ``pairs`` scored, ``bytes_read``, any other
     ``run_facts``, and the time of each phase of ``runner.phases``, this one ("metrics") included,
-    with numba's compiling or loading of the metric kernels (outside the progress bar) named apart."""
+    with numba's compiling or loading of the metric kernels (outside the progress bar) named apart.
+    With ranked lists, the lists of the queries ``selection`` (a ``ranked.Selection``) names."""
     from . import trials
     from .store import read_ids
 
@@ -379,6 +430,12 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner: Run
         found, extras = trials.entries(state, settings, q_bits, q_cam, meta, norms)
         values, block = trials.headline(found, settings.max_rank, settings.std_ddof)
     runner.phases.lap("metrics", carved={"compiling kernels": compiling.seconds} if compiling.seconds else None)
+    ranked_lists = None
+    if settings.ranked is not None:
+        from .ranked import finalise
+
+        ranked_lists = finalise(store, settings, state, q_bits, selection)
+        runner.phases.lap("ranked lists")
     per_query = found[0]["per_query"] if len(found) == 1 else {
         name: np.stack([entry["per_query"][name] for entry in found]) for name in found[0]["per_query"]}
     cmc = values["cmc"]
@@ -396,7 +453,7 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner: Run
         },
         protocol_record=settings.protocol.to_record(), cmc_flavour=settings.protocol.cmc, cmc_first_hit=values["cmc_first_hit"],
         cmc_sgs_expected=None if extras.get("cmc_sgs_expected") is None else list(map(float, extras["cmc_sgs_expected"])),
-        trials=block,
+        trials=block, ranked_lists=ranked_lists,
     )
 
 

@@ -32,6 +32,7 @@ from dask import delayed
 from . import graph, metadata
 from .evaluate import PROTOCOL_OPTIONS, Execution, Runner, Settings, _as_store, make_result, session
 from .progress import Phases
+from .ranked import RANKED_OPTIONS, request
 from .state import Positives, QueryState
 from .statestore import check_matches, check_updatable, load_state, save_state
 from .statistics import StatState
@@ -66,16 +67,23 @@ def update(
     a protocol field included, is refused (StateError naming it), as is a state of other queries or
     of a gallery that shrank or was rewritten.  The other keywords are ``evaluate``'s execution
     keywords.
+
+    Ranked lists (``ranked_list``, ``trial``, ``with_junk``: as in the state; ``queries``,
+    ``sort_by``, ``with_positives`` as ``evaluate``'s) are kept in the state and merged like the counts.
     """
     phases = Phases()
     overrides = {key: options.pop(key) for key in PROTOCOL_OPTIONS if key in options}
+    ranked_options = {key: options.pop(key) for key in RANKED_OPTIONS if key in options}
     execution = Execution.from_options("update", options)
     store = _as_store(data, storage_options)
     phases.lap("setup")
     saved = load_state(state)
     phases.lap("loading state")
+    ranked, selection = request(ranked_options, saved.options.get("ranked"))
+    if selection is not None:
+        selection.check(len(store.query))
     given = dict(metric=metric, protocol=protocol, max_rank=max_rank, precision=precision, no_gom=no_gom,
-                 gom_norm=gom_norm, gom_bins=gom_bins, gom_b=gom_b, gom_vp=gom_vp, std_ddof=std_ddof)
+                 gom_norm=gom_norm, gom_bins=gom_bins, gom_b=gom_b, gom_vp=gom_vp, std_ddof=std_ddof, ranked=ranked)
     settings = Settings.parse(store, **{**saved.options, **{k: v for k, v in given.items() if v is not None}},
                               **overrides)
     check_updatable(settings)
@@ -93,7 +101,7 @@ def update(
     if new is not old:
         save_state(state, store, settings, new, query_hash)
         phases.lap("saving state")
-    return make_result(store, settings, new, runner, read, pairs, meta, update=facts)
+    return make_result(store, settings, new, runner, read, pairs, meta, selection, update=facts)
 
 
 def extend(store: Store, settings: Settings, runner: Runner, old: QueryState, parts: tuple, meta: graph.Metadata):

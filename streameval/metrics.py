@@ -49,6 +49,7 @@ class Result:
     cmc_sgs_expected: list | None = None  # sgs mode both
     trials: dict | None = None  # per trial (or sgs repeat) values and their spread; headline = means
     directions: dict | None = None  # regdb: each direction's result
+    ranked_lists: object = None  # ranked.RankedLists with ranked_list=K: records, worst and best queries
 
     def rank(self, k: int) -> float | None:
         """CMC@k for an integer 1 <= k <= max_rank; None when no query has a positive (Q+ empty)."""
@@ -109,6 +110,8 @@ class Result:
         }
         if per_query:
             out["per_query"] = {name: _json_list(values) for name, values in self.per_query.items()}
+        if self.ranked_lists is not None:
+            out["ranked_list"] = self.ranked_lists.section()
         return out
 
 

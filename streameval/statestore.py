@@ -6,7 +6,8 @@ A state directory holds versions; a small pointer file names the live one::
       CURRENT                  the live version's name (vNNNNNN.zarr), one line, replaced atomically (os.replace)
       v000002.zarr/            zarr v3 group, never modified once CURRENT names it
         attrs  streameval_state = 3; covers (what the counts were taken over, below);
-               options (evaluate's keyword arguments, ``Settings.to_options``); dist_range (per trial,
+               options (evaluate's keyword arguments, ``Settings.to_options``: ``ranked`` only in a
+               state that keeps ranked lists, stats/topk); dist_range (per trial,
                [dmin, dmax] of minmax GOM, null for a trial without pairs; null without minmax);
                checksums (below)
         positives/offsets (Nq + 1), positives/dist, positives/gidx, positives/bits (per positive),
@@ -65,6 +66,7 @@ from .outputs import check_directory
 from .state import Positives, QueryState
 from .statistics import Field, StatState
 from .statistics.dedup import EMPTY
+from .statistics.topk import list_problem
 from .store import Store, rows_fingerprint
 
 STATE_SCHEMA = 3  # 2: checksums, crc32c chunks, rows_fingerprint; 3: protocol records, trial bits, statistics
@@ -286,12 +288,17 @@ _ATTRIBUTE_FIELDS = {  # attribute: {key: (test, what it must be)}, keys exactly
 }
 
 
+_OPTIONAL_FIELDS = {"options": {"ranked": _mapping("a mapping (ranked.Spec's record)")}}  # absent: none kept
+
+
 def _attribute_problem(attrs: dict) -> str | None:
-    """Attribute types: covers and options with exactly their keys, checksums a mapping of strings."""
+    """Attribute types: covers and options with exactly their keys (and any optional ones),
+    checksums a mapping of strings."""
     for name, fields in _ATTRIBUTE_FIELDS.items():
         record = attrs.get(name)
         if not isinstance(record, dict):
             return f"attribute {name} is {record!r:.60}, not a mapping"
+        fields = {**fields, **{key: spec for key, spec in _OPTIONAL_FIELDS.get(name, {}).items() if key in record}}
         if set(record) != set(fields):
             return f"attribute {name} has keys {sorted(record)}, expected {sorted(fields)}"
         for key, (test, kind) in fields.items():
@@ -357,8 +364,9 @@ def _array_problem(attrs: dict, settings: Settings, arrays: dict) -> str | None:
             return f"positives/offsets ends at {offsets[-1]} but {key} holds {shape[0]} positives"
         if shape != (rows[spec.axis], *spec.shape):
             return f"{key} has shape {shape}, expected {(rows[spec.axis], *spec.shape)} (a row per {spec.axis})"
-    return _positives_problem(attrs["covers"]["gallery_rows"], settings.n_trials, arrays) or _counts_problem(
-        layout, arrays)
+    gallery_rows = attrs["covers"]["gallery_rows"]
+    return (_positives_problem(gallery_rows, settings.n_trials, arrays) or _counts_problem(layout, arrays)
+            or _lists_problem(gallery_rows, arrays))
 
 
 def _positives_problem(gallery_rows: int, n_trials: int, arrays: dict) -> str | None:
@@ -395,6 +403,15 @@ def _counts_problem(layout: dict, arrays: dict) -> str | None:
         ordered = np.sort(held, axis=-1)
         if ((ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] != EMPTY)).any():
             return "stats/dedup/held lists a pid twice for one query and trial"
+    return None
+
+
+def _lists_problem(gallery_rows: int, arrays: dict) -> str | None:
+    """Ranked lists (``statistics.topk``): keys sorted, padding last, gallery rows counted."""
+    for key in (STATS + "topk/kept", STATS + "topk/excluded"):
+        problem = list_problem(arrays[key], gallery_rows) if key in arrays else None
+        if problem:
+            return f"{key} {problem}"
     return None
 
 

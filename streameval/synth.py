@@ -29,21 +29,30 @@ Randomness is drawn per fixed-size *generation block* of rows, each from its own
 ``(seed, set, block index)``, and the block size depends only on the dimension.  So the store's
 contents depend only on ``seed`` and the arguments, not on ``chunk_rows`` (the storage chunking),
 and memory is bounded by a chunk plus a block plus the identity centres (``n_ids x dim``).
+
+With ``images``, every row also gets a small PNG (a figure whose clothes are coloured by its pid, on
+a background tinted by its camera; junk grey, distractors coloured by their row), written a chunk at
+a time into ``images/query`` and ``images/gallery``, and its path in the store (``store.paths``),
+so ``streameval show`` has something to draw.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
+import struct
 import sys
 import time
+import zlib
 
 import numpy as np
 
 from . import plan, store as store_mod
 from .errors import OptionError
 from .store import Store
+from .store.paths import complete_paths, create_paths, write_path_rows
 
 NOISE_SCALE = 2.0  # at dim REFERENCE_DIM; scaled by (dim / REFERENCE_DIM) ** NOISE_DIM_EXPONENT
 CAMERA_SCALE = 0.5
@@ -198,6 +207,111 @@ def check_memory(n_query, n_gallery, dim, n_centres, n_cams, chunk_rows) -> None
         )
 
 
+IMAGE_HEIGHT, IMAGE_WIDTH = 64, 32  # a person crop's proportions
+IMAGE_BYTES = 1024  # on disk per image, at most (a few hundred bytes of PNG, rounded up)
+GOLDEN = 0.6180339887  # hue step: consecutive ids get well separated colours
+SKIN = (224, 180, 150)
+
+
+def _hsv(hue: float, saturation: float, value: float) -> np.ndarray:
+    """One RGB colour (uint8) from hue, saturation and value in [0, 1]."""
+    i = int(hue * 6) % 6
+    f = hue * 6 - int(hue * 6)
+    p, q, t = value * (1 - saturation), value * (1 - f * saturation), value * (1 - (1 - f) * saturation)
+    rgb = [(value, t, p), (q, value, p), (p, value, t), (p, q, value), (t, p, value), (value, p, q)][i]
+    return np.round(255 * np.array(rgb)).astype(np.uint8)
+
+
+def _clothes(pid: int, row: int) -> tuple[np.ndarray, np.ndarray]:
+    """(top, trousers) colours: the top by appearance group (look-alikes dress alike, as their
+    features are alike), the trousers by pid; grey for junk, by row for a distractor."""
+    if pid < 0:
+        return _hsv(0, 0, 0.55), _hsv(0, 0, 0.35)
+    key = pid if pid > 0 else 7919 * row + 13
+    group = (key - 1) // GROUP_SIZE
+    return _hsv(group * GOLDEN % 1, 0.8, 0.9), _hsv((key * GOLDEN + 0.5) % 1, 0.6, 0.5)
+
+
+def person_image(pid: int, camid: int, row: int) -> np.ndarray:
+    """A ``IMAGE_HEIGHT x IMAGE_WIDTH`` RGB image: head, top and trousers on the camera's background,
+    shifted by a pixel or two per row so that images of one identity differ."""
+    image = np.empty((IMAGE_HEIGHT, IMAGE_WIDTH, 3), dtype=np.uint8)
+    image[...] = _hsv(camid * GOLDEN % 1, 0.25, 0.95)
+    image[-6:] = _hsv(camid * GOLDEN % 1, 0.4, 0.7)  # the floor
+    top, trousers = _clothes(pid, row)
+    x = 16 + row % 5 - 2  # the figure's centre column
+    yy, xx = np.mgrid[:IMAGE_HEIGHT, :IMAGE_WIDTH]
+    image[(yy - 9) ** 2 + (xx - x) ** 2 <= 25] = SKIN
+    image[14:36, x - 8:x + 8] = top
+    image[36:58, x - 7:x - 1] = trousers
+    image[36:58, x + 1:x + 7] = trousers
+    return image
+
+
+def png_bytes(rgb: np.ndarray) -> bytes:
+    """An 8-bit RGB PNG of ``rgb`` (height x width x 3, uint8): no imaging library needed."""
+    height, width, _ = rgb.shape
+    rows = np.concatenate([np.zeros((height, 1), np.uint8), rgb.reshape(height, width * 3)], axis=1)  # filter 0
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows.tobytes(), 9))
+            + chunk(b"IEND", b""))
+
+
+def write_images(folder: str, relative_to: str | None, first_row: int, pids, camids) -> list[str]:
+    """One PNG per row (rows ``first_row``...) in ``folder``; returns their paths, relative to
+    ``relative_to`` (the store's folder) or absolute when it is None."""
+    paths = []
+    for offset, (pid, camid) in enumerate(zip(pids.tolist(), camids.tolist())):
+        row = first_row + offset
+        name = os.path.join(folder, f"{row:06d}.png")
+        with open(name, "wb") as fh:
+            fh.write(png_bytes(person_image(pid, camid, row)))
+        paths.append(os.path.abspath(name) if relative_to is None else os.path.relpath(name, relative_to))
+    return paths
+
+
+def check_images_folder(images, store_path, n_rows: int, overwrite: bool) -> None:
+    """Before any work: the image folder can be made (its parent exists, nothing there unless
+    ``overwrite``), lies outside the store, and its file system has room for ``n_rows`` images."""
+    folder = os.path.abspath(images)
+    parent = os.path.dirname(folder)
+    if not os.path.isdir(parent):
+        raise OptionError(f"the folder of the image folder '{images}' does not exist ({parent}); create it first")
+    if os.path.lexists(folder) and not (overwrite and os.path.isdir(folder)):
+        raise OptionError(f"'{images}' already exists; pass --overwrite to write the images into it")
+    if store_mod.is_local_path(store_path):
+        store = os.path.abspath(store_path)
+        if os.path.commonpath([folder, store]) in (folder, store):
+            raise OptionError(f"the image folder '{images}' and the store '{os.fspath(store_path)}' must not "
+                              "contain one another")
+    block = os.statvfs(parent).f_frsize if hasattr(os, "statvfs") else 4096
+    need = n_rows * -(-IMAGE_BYTES // block) * block
+    free = shutil.disk_usage(parent).free
+    if need > free:
+        raise OptionError(f"{n_rows:,} images need about {plan.format_bytes(need)} but the file system of "
+                          f"'{parent}' has {plan.format_bytes(free)} free; free some space or make fewer rows")
+
+
+@contextlib.contextmanager
+def _image_folders(images):
+    """The query and gallery image folders, made here; removed again if writing fails (only the
+    folders made here: an existing folder given with --overwrite is left as it is)."""
+    folder = os.path.abspath(images)
+    made = not os.path.exists(folder)
+    try:
+        for name in ("query", "gallery"):
+            os.makedirs(os.path.join(folder, name), exist_ok=True)
+        yield {name: os.path.join(folder, name) for name in ("query", "gallery")}
+    except BaseException:
+        if made:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
 class _Progress:
     """One line on stderr: carriage-return updates on a terminal, a line per quarter otherwise."""
 
@@ -245,6 +359,7 @@ def synthesize(
     default_metric: str = "euclidean",
     overwrite: bool = False,
     progress: bool = False,
+    images=None,
 ) -> Store:
     """Write a synthetic store at ``path`` (see the module docstring) and return it opened.
 
@@ -256,9 +371,11 @@ def synthesize(
 
     Raises, before anything is written: OptionError for invalid arguments, a store larger than the
     free disk space (``check_room``) or resident arrays larger than half the memory
-    (``check_memory``); StoreError if ``path`` exists and not ``overwrite``.  Writing fails with a
-    StoreError (no space left...) after removing the partial store; with ``overwrite``, the old
-    store is deleted before the new one is written.
+    (``check_memory``), an ``images`` folder that exists (without ``overwrite``) or has no room
+    (``check_images_folder``); StoreError if ``path`` exists and not ``overwrite``.  Writing fails
+    with a StoreError (no space left...) after removing the partial store (and the image folder it
+    made); with ``overwrite``, the old store is deleted before the new one is written.  With
+    ``images``, every row gets a PNG there and its path in the store, relative to the store's folder.
     """
     dtype = _check_args(n_query, n_gallery, dim, n_ids, n_cams, junk_frac, distractor_frac, open_query_frac, dtype)
     if chunk_rows is None:
@@ -269,6 +386,8 @@ def synthesize(
     store_mod.refuse_existing(path, overwrite)
     check_room(path, n_query, n_gallery, dim, dtype, chunk_rows, overwrite)
     check_memory(n_query, n_gallery, dim, n_ids + n_open_ids, n_cams, chunk_rows)
+    if images is not None:
+        check_images_folder(images, path, n_query + n_gallery, overwrite)
 
     # identity centres 1..n_ids, then the open-set identities' (separate streams: adding open
     # queries does not change the closed identities)
@@ -293,14 +412,23 @@ def synthesize(
         pids[u < junk_frac] = -1
         return pids, np.where(pids > 0, pids - 1, -1)
 
-    with store_mod.new_store(path, overwrite):  # a failure removes the partial store
+    relative_to = os.path.dirname(os.path.abspath(path)) if store_mod.is_local_path(path) else None
+    # a failure removes the partial store (and the image folders made here)
+    with store_mod.new_store(path, overwrite), (_image_folders(images) if images is not None
+                                                else contextlib.nullcontext()) as folders:
         store = store_mod.create_store(path, n_query, n_gallery, dim, dtype.name, chunk_rows, default_metric)
         for fs, stream, make_ids in ((store.query, _QUERY, query_ids), (store.gallery, _GALLERY, gallery_ids)):
             total = len(fs)
             gen = _Generator(seed, stream, total, dim, make_ids, centres, cameras, sigma)
             bar = _Progress(progress, total, fs.name)
+            paths = None if folders is None else create_paths(fs)
             for start in range(0, total, fs.chunk_rows):
                 stop = min(start + fs.chunk_rows, total)
-                store_mod.write_rows(fs, start, *gen.rows(start, stop))
+                features, pids, camids = gen.rows(start, stop)
+                store_mod.write_rows(fs, start, features, pids, camids)
+                if paths is not None:
+                    write_path_rows(paths, start, write_images(folders[fs.name], relative_to, start, pids, camids))
                 bar.update(stop)
+            if paths is not None:
+                complete_paths(paths)
         return store_mod.commit_gallery(path)
