@@ -235,8 +235,9 @@ _ranked_options = _options(
                  help="Also write each query's top-K gallery rows in ranking order, marked positive / negative "
                       "(and junk), computed in the same pass (docs/ranked-lists.md)."),
     click.option("--ranked-out", type=click.Path(), default=None,
-                 help="Where the ranked lists go: a JSON-lines file, or a zarr group if it ends in .zarr. Default: "
-                      "next to --json, as <json stem>.ranked.jsonl."),
+                 help="Where the ranked lists go: a JSON-lines file, a zarr group if it ends in .zarr, or a plain "
+                      "CSV of file names (one line per listed item) if it ends in .csv. Default: next to --json, as "
+                      "<json stem>.ranked.jsonl."),
     click.option("--queries", default=None, metavar="worst:N|best:N|ids:LIST|all",
                  help="Whose ranked lists are written (default all); worst/best leave out queries without positives."),
     click.option("--sort-by", type=click.Choice(["ap", "inp", "rank"]), default=None,
@@ -519,7 +520,8 @@ def convert(inputs, out, dtype, chunk_rows, metric, overwrite, **reading):
 @click.option("--overwrite", is_flag=True, help="Replace the image if it exists.")
 def plot(files, out, labels, overwrite):
     """Draw the curves of eval --json results, one line per result on each panel: CMC (with a
-    +- std band over trials), GOM mReP (tau_max marked) and mFR; per-trial rank-1 and mAP.
+    +- std band over trials), DIR vs FPIR per rank (--open-set), ROC and DET (--verification, log
+    FAR axis, requested FARs marked), GOM mReP (tau_max marked) and mFR; per-trial rank-1 and mAP.
 
     \b
       streameval plot RESULT.json OUT.png

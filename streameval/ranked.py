@@ -357,9 +357,26 @@ class RankedLists:
         path = os.fspath(path)
         if _is_group(path):
             _write_group(self, path)
+        elif path.endswith(".csv"):
+            outputs.write_text(path, self.file_names(), "ranked lists")
         else:
             outputs.write_text(path, "".join(json.dumps(record) + "\n" for record in self.records()), "ranked lists")
         self.path = path
+
+    def file_names(self) -> str:
+        """The plain CSV of PROTOCOLS.md 5.2: per query its top-k in order, one line per item, with
+        the query's and the item's image paths (empty without paths) and the item's mark."""
+        import csv
+        import io
+
+        text = io.StringIO()
+        writer = csv.writer(text, lineterminator="\n")
+        writer.writerow(["query", "query_path", "position", "rank", "distance", "mark", "gallery", "gallery_path"])
+        for record in self.records():
+            for position, item in enumerate(record["top"], 1):
+                writer.writerow([record["query"], record["path"] or "", position, item["rank"] or "",
+                                 repr(item["distance"]), item["mark"], item["gallery"], item["path"] or ""])
+        return text.getvalue()
 
 
 # ----------------------------------------------------------------------------------------- outputs
@@ -380,7 +397,7 @@ def output_path(ranked_list, ranked_out, json_path, overwrite: bool) -> str | No
     if path is None and json_path not in (None, "-"):
         path = os.path.splitext(os.fspath(json_path))[0] + ".ranked.jsonl"
     if path is None:
-        raise OptionError("--ranked-list writes the lists to --ranked-out PATH (.jsonl, or a .zarr group), or next "
+        raise OptionError("--ranked-list writes the lists to --ranked-out PATH (.jsonl, .csv, or a .zarr group), or next "
                           "to the --json file: give one of them")
     check_output(path, overwrite)
     return os.fspath(path)

@@ -75,6 +75,9 @@ def read_records(path: str):
         for number, record in enumerate(read_group(path)):
             yield check_record(record, f"'{path}' query {number}")
         return
+    if path.endswith(".csv"):
+        raise StoreError(f"'{path}' is the plain CSV of file names; show reads the ranked lists written as JSON lines "
+                         "(.jsonl) or a .zarr group (eval --ranked-out)")
     try:
         with open(path, encoding="utf-8") as fh:
             for number, line in enumerate(fh, 1):

@@ -13,6 +13,7 @@ zarr group).
 
 from __future__ import annotations
 
+import csv
 import itertools
 import json
 import math
@@ -425,3 +426,13 @@ def test_records_carry_the_stores_image_paths_also_for_query_copies(tmp_path):
     assert read_records(tmp_path / "lists.zarr") == list(result.ranked_lists)
     with pytest.raises(streameval.OptionError, match="exists"):
         result.ranked_lists.write(tmp_path / "lists.zarr")
+    result.ranked_lists.write(tmp_path / "names.csv")  # the plain CSV of file names (PROTOCOLS.md 5.2)
+    with open(tmp_path / "names.csv", newline="") as fh:
+        lines = list(csv.DictReader(fh))
+    items = [(record, position, item) for record in result.ranked_lists
+             for position, item in enumerate(record["top"], 1)]
+    assert len(lines) == len(items)
+    for line, (record, position, item) in zip(lines, items):
+        assert line["query_path"] == record["path"] and line["gallery_path"] == item["path"]
+        assert (int(line["query"]), int(line["position"]), line["mark"]) == (record["query"], position, item["mark"])
+        assert float(line["distance"]) == item["distance"] and line["rank"] == str(item["rank"] or "")
