@@ -96,6 +96,8 @@ def _rank_list(ctx, param, value):
 
 
 def _bytes(ctx, param, value):
+    if value is None:  # an option left out
+        return None
     try:
         return parse_bytes(value)
     except StreamevalError as exc:
@@ -250,6 +252,34 @@ _ranked_options = _options(
                  help="With trials: the trial whose ranked lists are written (default 0)."),
 )
 
+_open_set_options = _options(  # update: None = as in the state
+    click.option("--open-set", is_flag=True, default=None,
+                 help="Also open-set identification: DIR at FPIR targets and ranks (Liao et al.), in the same pass "
+                      "(docs/open-set.md)."),
+    click.option("--fpir", default=None, metavar="X[,X...]",
+                 help="--open-set: FPIR targets, exact as written (default 0.001,0.01,0.1)."),
+    click.option("--dir-ranks", default=None, metavar="R[,R...]", help="--open-set: DIR ranks (default 1,5,10,20)."),
+    click.option("--fpir-rounding", type=click.Choice(["round", "floor"]), default=None,
+                 help="--open-set: false alarms allowed, k = x N_nm rounded half up (round, Liao's; default) or "
+                      "down (floor: never above x)."),
+)
+
+_verification_options = _options(  # update: None = as in the state
+    click.option("--verification", is_flag=True, default=None,
+                 help="Also pair-level verification: TAR at FAR targets, achieved FAR and threshold, ROC/DET points, "
+                      "over all queries' kept pairs, exact (docs/verification.md)."),
+    click.option("--far", default=None, metavar="X[,X...]",
+                 help="--verification: FAR targets, exact as written (default 1e-4,1e-3,1e-2)."),
+    click.option("--auc", is_flag=True, default=None,
+                 help="--verification: also the AUC (ties count half); costly with float32 GEMMs, see the docs."),
+    click.option("--tail-budget", default=None, callback=_bytes, metavar="SIZE",
+                 help="--verification: memory for the tail of smallest negative distances (default 64MiB); a "
+                      "larger need takes an exact refinement pass more."),
+    click.option("--hist-bits", type=click.IntRange(4, 24), default=None,
+                 help="--verification: histogram (ROC/DET) resolution, in bits of the distance's float64 key "
+                      "(default 16: 16 bins per octave)."),
+)
+
 
 def _max_rank_for(ranks, max_rank):
     """--ranks past --max-rank: a max rank left at eval's default is raised to cover them (the
@@ -341,6 +371,8 @@ def _finish_with_lists(result, ranked_out, label, json_path, per_query, quiet, r
 @_execution_options
 @_output_options
 @_ranked_options
+@_open_set_options
+@_verification_options
 @click.option("--state", type=click.Path(file_okay=False), default=None,
               help="Also save the per-query state to this directory, for 'streameval update' after appends.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --json file, --state or ranked-lists output.")
@@ -379,6 +411,8 @@ def eval_cmd(store, json_path, per_query, quiet, state, overwrite, ranks, summar
 @_execution_options
 @_output_options
 @_ranked_options
+@_open_set_options
+@_verification_options
 @click.option("--overwrite", is_flag=True, help="Replace an existing --json file or ranked-lists output.")
 def update(store, state, json_path, per_query, quiet, overwrite, ranks, summary_format, **options):
     """Score only the gallery rows appended to STORE since --state was saved, and report.

@@ -56,11 +56,14 @@ class Settings:
     gom: GomOptions | None
     std_ddof: int = 1
     ranked: object = None  # ranked.Spec: the top-k lists the pass keeps (None: no ranked lists)
+    open_set: object = None  # openset.Spec: DIR@FPIR targets and ranks (None: no open-set identification)
+    verification: object = None  # verification.Spec: TAR@FAR, AUC, ROC (None: no pair-level verification)
 
     @classmethod
     def parse(cls, store: Store, metric=None, protocol="market", max_rank=50, precision="float32", no_gom=False,
               gom_norm="minmax", gom_bins=100, gom_b=3000, gom_vp="reference", std_ddof=1, ranked=None,
-              **overrides) -> "Settings":
+              open_set=None, verification=None, **overrides) -> "Settings":
+        from .openset import Spec as OpenSetSpec
         from .protocols import resolve
         from .ranked import Spec
 
@@ -86,7 +89,12 @@ class Settings:
             _check_stored_protocol(store, resolved)
         gom = None if no_gom else GomOptions.parse(gom_norm, gom_bins, gom_b, gom_vp)
         ranked = Spec.parse(ranked, Rules.of(resolved).n_trials)
-        return cls(metric, resolved, precision, max_rank, gom, std_ddof, ranked)
+        from .verification import Spec as VerificationSpec, pair_bound
+
+        verification = VerificationSpec.parse(verification, None if store is None else pair_bound(store, resolved),
+                                              Rules.of(resolved).n_trials)
+        return cls(metric, resolved, precision, max_rank, gom, std_ddof, ranked,
+                   open_set=OpenSetSpec.parse(open_set, max_rank), verification=verification)
 
     @property
     def rules(self) -> Rules:
@@ -116,6 +124,12 @@ class Settings:
             stats.append(SgsExpected(meta.identities.pids.shape[0]))
         if self.ranked is not None:
             stats.append(self.ranked.statistic())
+        if self.open_set is not None:
+            from .statistics.nearest import Nearest
+
+            stats.append(Nearest(self.n_trials))
+        if self.verification is not None:
+            stats.append(self.verification.statistic(self.n_trials, self.precision))
         return tuple(stats)
 
     def scoring(self, dim: int, meta) -> graph.Scoring:
@@ -135,7 +149,9 @@ class Settings:
         return {"metric": self.metric, "protocol": self.protocol.to_record(), "max_rank": self.max_rank,
                 "precision": self.precision, "no_gom": self.gom is None, "gom_norm": gom.spec, "gom_bins": gom.bins,
                 "gom_b": gom.b, "gom_vp": gom.vp, "std_ddof": self.std_ddof,
-                **({} if self.ranked is None else {"ranked": self.ranked.to_record()})}
+                **({} if self.ranked is None else {"ranked": self.ranked.to_record()}),
+                **({} if self.open_set is None else {"open_set": self.open_set.to_record()}),
+                **({} if self.verification is None else {"verification": self.verification.to_record()})}
 
     def state_key(self) -> dict:
         """The options a saved per-query state depends on (B, vp and, unless the identity-dedup
@@ -146,6 +162,10 @@ class Settings:
             key["max_rank"] = self.max_rank
         if self.ranked is not None:
             key["ranked"] = self.ranked.to_record()
+        if self.open_set is not None:  # the nearest-item state; targets and ranks only shape the report
+            key["open_set"] = True
+        if self.verification is not None:  # the arrays; FAR targets and the refinement's budget only shape the report
+            key["verification"] = {name: self.verification.to_record()[name] for name in ("hist_bits", "core", "auc")}
         return key
 
 
@@ -242,6 +262,10 @@ def session(store: Store, settings: Settings, execution: Execution, phases: Phas
                                f"--gom-bins {settings.gom.bins}")
         if settings.ranked is not None:
             settings.ranked.check_memory(len(store.query), workers, parse_bytes(execution.memory_budget))
+        if settings.verification is not None:
+            from .verification import check_memory
+
+            check_memory(settings.verification, settings.n_trials, workers, parse_bytes(execution.memory_budget))
         runner = Runner(client, plan, phases, _progress_bar(execution.progress, label))
         try:
             yield runner
@@ -313,16 +337,32 @@ def evaluate(
     ``with_junk``; ``result.ranked_lists`` holds the lists of the queries ``queries`` selects
     ("all", "worst:N", "best:N", "ids:3,7"; worst and best by ``sort_by``: "ap", "inp" or "rank"),
     with every positive's rank if ``with_positives`` (docs/ranked-lists.md).
+
+    ``verification=True``: also pair-level verification, ``result.verification`` (PROTOCOLS.md
+    section 3.2): TAR at the FAR targets ``far`` (default 1e-4, 1e-3, 1e-2; exact decimals) with the
+    achieved FAR and threshold, the AUC if ``auc``, ROC / DET points at ``hist_bits`` resolution;
+    one pass when the tail of smallest negatives fits ``tail_budget`` bytes (default 64 MiB), else
+    an exact refinement in further passes (docs/verification.md).
+
+    ``open_set=True``: also open-set identification, ``result.open_set`` (PROTOCOLS.md section 3.3,
+    in the same pass): DIR at the FPIR targets ``fpir`` (default 0.001, 0.01, 0.1; exact decimals)
+    and ranks ``dir_ranks`` (default 1, 5, 10, 20), k rounded as ``fpir_rounding`` ("round": half
+    up, as Liao; or "floor") (docs/open-set.md).
     """
+    from .openset import request as open_set_request
     from .ranked import request
+    from .verification import report as verification_report
+    from .verification import request as verification_request
 
     phases = Phases()
     overrides = {key: options.pop(key) for key in PROTOCOL_OPTIONS if key in options}
     ranked, selection = request(options)
+    open_set = open_set_request(options)
+    verification = verification_request(options)
     execution = Execution.from_options("evaluate", options)
     store = _as_store(data, storage_options)
     settings = Settings.parse(store, metric, protocol, max_rank, precision, no_gom, gom_norm, gom_bins, gom_b,
-                              gom_vp, std_ddof, ranked, **overrides)
+                              gom_vp, std_ddof, ranked, open_set=open_set, verification=verification, **overrides)
     if len(settings.protocol.directions) == 2:
         if state is not None:
             raise OptionError("a state holds one direction: evaluate with direction='v2t' or 't2v' to save one")
@@ -343,13 +383,14 @@ def evaluate(
         check_writable(state, overwrite_state)
     with session(store, settings, execution, phases) as runner:
         query_state, read, meta = full_state(store, settings, runner)
+        verified = verification_report(store, settings, query_state, runner, meta)
     if state is not None:
         from .statestore import save_state
 
         save_state(state, store, settings, query_state)
         phases.lap("saving state")
     return make_result(store, settings, query_state, runner, read, len(store.query) * query_state.gallery_rows, meta,
-                       selection=selection)
+                       selection=selection, verification=verified)
 
 
 def _stored_metric(store: Store, metric) -> str:
@@ -380,14 +421,17 @@ def oriented(store: Store, protocol) -> Store:
 def _both_directions(store: Store, settings: Settings, execution: Execution, phases: Phases) -> metrics.Result:
     """Each direction evaluated on its own; the first one's result (timed from the start, ``phases``)
     holds both under ``directions``."""
+    from .verification import report as verification_report
+
     results = {}
     for direction in settings.protocol.directions:
         one = replace(settings, protocol=replace(settings.protocol, directions=(direction,)))
         swapped = oriented(store, one.protocol)
         with session(swapped, one, execution, phases if not results else Phases()) as runner:
             query_state, read, meta = full_state(swapped, one, runner)
+            verified = verification_report(swapped, one, query_state, runner, meta)
         results[direction] = make_result(swapped, one, query_state, runner, read,
-                                         len(swapped.query) * query_state.gallery_rows, meta)
+                                         len(swapped.query) * query_state.gallery_rows, meta, verification=verified)
     first = results[settings.protocol.directions[0]]
     first.directions = {name: result.to_dict() for name, result in results.items()}
     return first
@@ -412,13 +456,14 @@ def full_state(store: Store, settings: Settings, runner: Runner):
 
 
 def make_result(store: Store, settings: Settings, state: QueryState, runner: Runner, bytes_read: int, pairs: int,
-                meta=None, selection=None, **run_facts) -> metrics.Result:
+                meta=None, selection=None, verification=None, **run_facts) -> metrics.Result:
     """Per-query values, closed-set and GOM aggregates of ``state`` per trial, their means when
     there are several, and how the run went: ``pairs`` scored, ``bytes_read``, any other
     ``run_facts``, and the time of each phase of ``runner.phases``, this one ("metrics") included,
     with numba's compiling or loading of the metric kernels (outside the progress bar) named apart.
-    With ranked lists, the lists of the queries ``selection`` (a ``ranked.Selection``) names."""
-    from . import trials
+    With ranked lists, the lists of the queries ``selection`` (a ``ranked.Selection``) names;
+    ``verification``: the section ``verification.report`` made while the session was open."""
+    from . import openset, trials
     from .store import read_ids
 
     meta = meta or graph.Metadata()
@@ -429,6 +474,7 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner: Run
         norms = graph.normalisations(settings.gom, state.dist_range, settings.n_trials)
         found, extras = trials.entries(state, settings, q_bits, q_cam, meta, norms)
         values, block = trials.headline(found, settings.max_rank, settings.std_ddof)
+        open_set = None if settings.open_set is None else openset.finalise(state, settings, q_bits)
     runner.phases.lap("metrics", carved={"compiling kernels": compiling.seconds} if compiling.seconds else None)
     ranked_lists = None
     if settings.ranked is not None:
@@ -453,7 +499,7 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner: Run
         },
         protocol_record=settings.protocol.to_record(), cmc_flavour=settings.protocol.cmc, cmc_first_hit=values["cmc_first_hit"],
         cmc_sgs_expected=None if extras.get("cmc_sgs_expected") is None else list(map(float, extras["cmc_sgs_expected"])),
-        trials=block, ranked_lists=ranked_lists,
+        trials=block, ranked_lists=ranked_lists, open_set=open_set, verification=verification,
     )
 
 

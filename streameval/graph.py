@@ -27,7 +27,7 @@ O(workers) states are alive at once, however many chunks the gallery has.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import reduce
 
 import numpy as np
@@ -79,10 +79,12 @@ class Metadata:
 
 @dataclass(frozen=True)
 class PassContext:
-    """What a scoring task's statistics share: per trial GOM normalisations, and the metadata."""
+    """What a scoring task's statistics share: per trial GOM normalisations, the metadata, and
+    what statistics comparing pairs with every positive of the run take from them (``pooled``)."""
 
     norms: tuple
     meta: Metadata
+    pooled: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -272,6 +274,13 @@ def positives_range(positives: Positives, n_trials: int) -> list:
     return ranges
 
 
+def pooled(statistics: tuple, *blocks: Positives) -> dict:
+    """Statistic name -> what it takes from every positive of the run (``pool``), for the
+    statistics that compare each pair with all of them (``pools``: the AUC of verification)."""
+    everyone = Positives.concat(list(blocks))
+    return {stat.name: stat.pool(everyone) for stat in statistics if getattr(stat, "pools", False)}
+
+
 def merge_ranges(a: list, b: list) -> list:
     return [DistanceRange.merge(x, y) for x, y in zip(a, b)]
 
@@ -403,7 +412,9 @@ def build(query: FeatureSet, parts: tuple, plan: Plan, scoring: Scoring, meta: M
     sizes = [block_size(rows) for rows in query_blocks(plan, None, len(query))]
     minmax = scoring.gom is not None and scoring.gom.norm == "minmax"
     dist_ranges = range_pass(parts, plan, scoring, meta, blocks, sizes) if minmax else None
-    run = delayed(PassContext)(delayed(normalisations)(scoring.gom, dist_ranges, scoring.n_trials), meta)
+    pools = any(getattr(stat, "pools", False) for stat in scoring.statistics)
+    everyone = delayed(pooled)(scoring.statistics, *[positives for _, positives in blocks]) if pools else {}
+    run = delayed(PassContext)(delayed(normalisations)(scoring.gom, dist_ranges, scoring.n_trials), meta, everyone)
     end = extended_rows(parts)
     states = [scoring_pass(parts, plan, scoring, n_queries, queries, positives, run, meta, 0, end)
               for n_queries, (queries, positives) in zip(sizes, blocks)]

@@ -12,6 +12,11 @@ evaluation, because it rebuilds exactly the integer state a full evaluation woul
    re-scored.  With ``minmax``, a new minimum or maximum distance moves every threshold, so every
    query's histogram of the old rows is stale: all queries' old rows are re-scored, and the result
    says so.  Otherwise (and always with ``fixed`` / ``none``) the old counts stand.
+   Verification's histograms and tails (global fields, over all queries' pairs) do not depend on
+   the positives: the saved ones stand, taken once (not again from a partial re-scoring).  Its AUC
+   compares every negative with every positive: with ``auc`` a new positive re-scores every
+   query's old rows.  A tail sized for the old gallery may be too short for the new N-: the
+   selection then takes the two-pass route (``verification.report``).
 3. **Scoring**: the new rows of every query against the merged positives, plus the old rows of the
    re-scored queries.  New state = (re-scored ? their old-rows state : the saved state) merged with
    the new-rows state (``StatState.merge``, field by field), saved atomically as the state's next
@@ -31,8 +36,13 @@ from dask import delayed
 
 from . import graph, metadata
 from .evaluate import PROTOCOL_OPTIONS, Execution, Runner, Settings, _as_store, make_result, session
+from .openset import OPEN_SET_OPTIONS
+from .openset import request as open_set_request
 from .progress import Phases
 from .ranked import RANKED_OPTIONS, request
+from .verification import VERIFY_OPTIONS
+from .verification import report as verification_report
+from .verification import request as verification_request
 from .state import Positives, QueryState
 from .statestore import check_matches, check_updatable, load_state, save_state
 from .statistics import StatState
@@ -70,10 +80,15 @@ def update(
 
     Ranked lists (``ranked_list``, ``trial``, ``with_junk``: as in the state; ``queries``,
     ``sort_by``, ``with_positives`` as ``evaluate``'s) are kept in the state and merged like the counts.
+    Open-set identification (``open_set``) is as in the state, whose nearest-item scores merge by
+    their minimum; ``fpir``, ``dir_ranks`` and ``fpir_rounding`` may differ.  So is verification
+    (``verification``, ``auc``, ``hist_bits``); ``far`` and ``tail_budget`` may differ.
     """
     phases = Phases()
     overrides = {key: options.pop(key) for key in PROTOCOL_OPTIONS if key in options}
     ranked_options = {key: options.pop(key) for key in RANKED_OPTIONS if key in options}
+    open_set_options = {key: options.pop(key) for key in OPEN_SET_OPTIONS if key in options}
+    verification_options = {key: options.pop(key) for key in VERIFY_OPTIONS if key in options}
     execution = Execution.from_options("update", options)
     store = _as_store(data, storage_options)
     phases.lap("setup")
@@ -84,8 +99,10 @@ def update(
         selection.check(len(store.query))
     given = dict(metric=metric, protocol=protocol, max_rank=max_rank, precision=precision, no_gom=no_gom,
                  gom_norm=gom_norm, gom_bins=gom_bins, gom_b=gom_b, gom_vp=gom_vp, std_ddof=std_ddof, ranked=ranked)
-    settings = Settings.parse(store, **{**saved.options, **{k: v for k, v in given.items() if v is not None}},
-                              **overrides)
+    open_set = open_set_request(open_set_options, saved.options.get("open_set"))  # open_set=False: refused below
+    verification = verification_request(verification_options, saved.options.get("verification"))
+    settings = Settings.parse(store, **{**saved.options, **{k: v for k, v in given.items() if v is not None},
+                                        "open_set": open_set, "verification": verification}, **overrides)
     check_updatable(settings)
     query_hash = check_matches(saved, store, settings)
     parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
@@ -98,10 +115,12 @@ def update(
             new, facts, read, pairs = old, _facts(old, old, np.empty(0), np.empty(0)), 0, 0
         else:
             new, facts, read, pairs = extend(store, settings, runner, old, parts, meta)
+        verified = verification_report(store, settings, new, runner, meta)
     if new is not old:
         save_state(state, store, settings, new, query_hash)
         phases.lap("saving state")
-    return make_result(store, settings, new, runner, read, pairs, meta, selection, update=facts)
+    return make_result(store, settings, new, runner, read, pairs, meta, selection, verification=verified,
+                       update=facts)
 
 
 def extend(store: Store, settings: Settings, runner: Runner, old: QueryState, parts: tuple, meta: graph.Metadata):
@@ -119,8 +138,11 @@ def extend(store: Store, settings: Settings, runner: Runner, old: QueryState, pa
     affected = np.flatnonzero(new_positives.counts > 0)
     dist_range = graph.merge_ranges(old.dist_range, new_range) if settings.minmax else None
     everyone = np.arange(len(store.query))
-    rescored = everyone if dist_range != old.dist_range else affected  # any trial's range moved
-    run = graph.PassContext(graph.normalisations(settings.gom, dist_range, settings.n_trials), meta)
+    # a moved range (any trial's) changes every threshold; the AUC compares every negative with every positive
+    auc = settings.verification is not None and settings.verification.auc and affected.size > 0
+    rescored = everyone if dist_range != old.dist_range or auc else affected
+    run = graph.PassContext(graph.normalisations(settings.gom, dist_range, settings.n_trials), meta,
+                            graph.pooled(scoring.statistics, merged))
 
     def score(queries: np.ndarray, start: int, stop: int, pass_name: str):
         return [graph.scoring_pass(parts, plan, scoring, graph.block_size(rows),
@@ -131,13 +153,24 @@ def extend(store: Store, settings: Settings, runner: Runner, old: QueryState, pa
     new_rows, old_rows = runner.compute(delayed(tuple)([score(everyone, n0, n1, "scoring"),
                                                         score(rescored, 0, n0, "rescoring")]))
     kept = np.setdiff1d(everyone, rescored)
-    pieces = [(kept, old.stats.take(old.positives.offsets, kept))]
+    whole = rescored.size == everyone.size  # then the old rows' global fields come from the re-scoring
+    pieces = [(kept, _with_globals(old.stats.take(old.positives.offsets, kept), not whole))]
     if rescored.size:
-        pieces.append((rescored, StatState.concat(old_rows)))
+        pieces.append((rescored, _with_globals(StatState.concat(old_rows), whole)))
     base = StatState.scatter(scoring.statistics, merged.offsets, pieces)
     new = QueryState(merged, StatState.merge(base, StatState.concat(new_rows)), dist_range, n1)
     read = _bytes_read(store, settings, plan, parts, found, old_rows, n0, n1, rescored.size)
     return new, _facts(old, new, affected, rescored), read, len(store.query) * (n1 - n0) + rescored.size * n0
+
+
+def _with_globals(state: StatState, keep: bool) -> StatState:
+    """``state``, with its global fields (verification's: over the pairs of all its queries) emptied
+    unless ``keep``: the old rows' are taken from one piece only."""
+    if keep:
+        return state
+    blank = StatState.empty(state.statistics, 0, 0)
+    return StatState(state.statistics, {key: blank.arrays[key] if spec.axis == "global" else state.arrays[key]
+                                        for key, (_, spec) in StatState.specs(state.statistics).items()})
 
 
 def _bytes_read(store: Store, settings: Settings, plan, parts: tuple, found: list, old_rows: list, n0: int, n1: int,

@@ -50,6 +50,8 @@ class Result:
     trials: dict | None = None  # per trial (or sgs repeat) values and their spread; headline = means
     directions: dict | None = None  # regdb: each direction's result
     ranked_lists: object = None  # ranked.RankedLists with ranked_list=K: records, worst and best queries
+    open_set: dict | None = None  # with open_set=True: DIR@FPIR (PROTOCOLS.md section 3.5, openset.py)
+    verification: dict | None = None  # with verification=True: TAR@FAR, AUC, ROC (PROTOCOLS.md 3.5, verification.py)
 
     def rank(self, k: int) -> float | None:
         """CMC@k for an integer 1 <= k <= max_rank; None when no query has a positive (Q+ empty)."""
@@ -112,6 +114,10 @@ class Result:
             out["per_query"] = {name: _json_list(values) for name, values in self.per_query.items()}
         if self.ranked_lists is not None:
             out["ranked_list"] = self.ranked_lists.section()
+        if self.open_set is not None:
+            out["open_set"] = self.open_set
+        if self.verification is not None:
+            out["verification"] = self.verification
         return out
 
 

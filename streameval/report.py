@@ -67,6 +67,14 @@ def summary(result: Result, label: str = "", ranks=None) -> str:
         lines.append(_trial_line(result.trials, ranks))
     if result.gom is not None:
         lines += _gom_lines(result.gom)
+    if result.open_set is not None:
+        from .openset import summary_lines
+
+        lines += summary_lines(result.open_set)
+    if result.verification is not None:
+        from .verification import summary_lines as verification_lines
+
+        lines += verification_lines(result.verification)
     if result.directions:
         lines += [f"  direction {name}: rank-1 {_pct(d['rank1'])}   mAP {_pct(d['mAP'])}   mINP {_pct(d['mINP'])}"
                   for name, d in result.directions.items()]

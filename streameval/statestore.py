@@ -7,7 +7,8 @@ A state directory holds versions; a small pointer file names the live one::
       v000002.zarr/            zarr v3 group, never modified once CURRENT names it
         attrs  streameval_state = 3; covers (what the counts were taken over, below);
                options (evaluate's keyword arguments, ``Settings.to_options``: ``ranked`` only in a
-               state that keeps ranked lists, stats/topk); dist_range (per trial,
+               state that keeps ranked lists, stats/topk; ``open_set`` only in one that keeps
+               the open-set queries' nearest rows, stats/nearest); dist_range (per trial,
                [dmin, dmax] of minmax GOM, null for a trial without pairs; null without minmax);
                checksums (below)
         positives/offsets (Nq + 1), positives/dist, positives/gidx, positives/bits (per positive),
@@ -67,6 +68,7 @@ from .state import Positives, QueryState
 from .statistics import Field, StatState
 from .statistics.dedup import EMPTY
 from .statistics.topk import list_problem
+from .statistics.verify import entries_problem
 from .store import Store, rows_fingerprint
 
 STATE_SCHEMA = 3  # 2: checksums, crc32c chunks, rows_fingerprint; 3: protocol records, trial bits, statistics
@@ -288,7 +290,9 @@ _ATTRIBUTE_FIELDS = {  # attribute: {key: (test, what it must be)}, keys exactly
 }
 
 
-_OPTIONAL_FIELDS = {"options": {"ranked": _mapping("a mapping (ranked.Spec's record)")}}  # absent: none kept
+_OPTIONAL_FIELDS = {"options": {"ranked": _mapping("a mapping (ranked.Spec's record)"),  # absent: none kept
+                                "open_set": _mapping("a mapping (openset.Spec's record)"),
+                                "verification": _mapping("a mapping (verification.Spec's record)")}}
 
 
 def _attribute_problem(attrs: dict) -> str | None:
@@ -351,22 +355,23 @@ def _array_problem(attrs: dict, settings: Settings, arrays: dict) -> str | None:
     or per query as its field says), gallery rows in range, positives sorted, counts never negative."""
     layout = array_layout(settings)
     for key, spec in {OFFSETS: Field("query", np.int64, ()), **layout}.items():
-        data, ndim = arrays[key], 1 + len(spec.shape)
+        data, ndim = arrays[key], (spec.axis != "global") + len(spec.shape)
         if data.dtype != spec.dtype or data.ndim != ndim:
             return f"{key} is {data.ndim}-D {data.dtype}, expected {ndim}-D {np.dtype(spec.dtype)}"
     n, offsets = attrs["covers"]["n_queries"], arrays[OFFSETS]
     if offsets.shape != (n + 1,) or offsets[0] != 0 or (np.diff(offsets) < 0).any():
         return f"positives/offsets must be n_queries + 1 = {n + 1} entries from 0, never decreasing"
-    rows = {"query": n, "positive": int(offsets[-1])}
+    rows = {"query": (n,), "positive": (int(offsets[-1]),), "global": ()}
     for key, spec in layout.items():
-        shape = arrays[key].shape
-        if shape[0] != rows[spec.axis] and spec.axis == "positive":
+        shape, expected = arrays[key].shape, rows[spec.axis] + spec.shape
+        if spec.axis == "positive" and shape[0] != expected[0]:
             return f"positives/offsets ends at {offsets[-1]} but {key} holds {shape[0]} positives"
-        if shape != (rows[spec.axis], *spec.shape):
-            return f"{key} has shape {shape}, expected {(rows[spec.axis], *spec.shape)} (a row per {spec.axis})"
+        if shape != expected:
+            per = "" if spec.axis == "global" else f" (a row per {spec.axis})"
+            return f"{key} has shape {shape}, expected {expected}{per}"
     gallery_rows = attrs["covers"]["gallery_rows"]
     return (_positives_problem(gallery_rows, settings.n_trials, arrays) or _counts_problem(layout, arrays)
-            or _lists_problem(gallery_rows, arrays))
+            or _lists_problem(gallery_rows, arrays) or _tails_problem(gallery_rows, n, arrays))
 
 
 def _positives_problem(gallery_rows: int, n_trials: int, arrays: dict) -> str | None:
@@ -404,6 +409,13 @@ def _counts_problem(layout: dict, arrays: dict) -> str | None:
         if ((ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] != EMPTY)).any():
             return "stats/dedup/held lists a pid twice for one query and trial"
     return None
+
+
+def _tails_problem(gallery_rows: int, n_queries: int, arrays: dict) -> str | None:
+    """Verification's tails (``statistics.verify``): headers and entries well formed."""
+    key = STATS + "verify/tail"
+    problem = entries_problem(arrays[key], gallery_rows, n_queries) if key in arrays else None
+    return f"{key} {problem}" if problem else None
 
 
 def _lists_problem(gallery_rows: int, arrays: dict) -> str | None:

@@ -4,19 +4,23 @@ Each statistic declares
 
 * its per-query state (``fields``: arrays whose first axis runs over the queries or over their
   positives, in the layout of ``state.Positives.offsets``), with how two states of it merge
-  (``sum``, ``min``, ``max`` - exact in any order - or its own ``merge``);
+  (``sum``, ``min``, ``max`` - exact in any order - or its own ``merge``); or a state over all the
+  pairs of a set of queries (axis ``global``: one array, not per query, e.g. a histogram or a tail
+  of the smallest negative distances), merged the same way when query blocks are joined;
 * its chunk update (``update``: a numba kernel over one :data:`~.block.Block` of distances);
 * optionally ``prepare``: per-query-block data its update needs (computed once per block);
 * its finalisation, in ``metrics`` / ``gom`` / its own module, per trial.
 
 The scoring pass (``graph.score_chunk``) computes one distance block and runs the requested
 statistics on it (``StatState``).  Statistics: ``slots`` (ranking slots: CMC, AP, INP), ``gom``
-(GOM threshold histograms), ``dedup`` (identity-dedup CMC), ``sgs`` (single-gallery-shot CMC).
+(GOM threshold histograms), ``dedup`` (identity-dedup CMC), ``sgs`` (single-gallery-shot CMC),
+``topk`` (ranked lists).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import reduce
 
 import numpy as np
 
@@ -28,7 +32,7 @@ class Field:
     """One array of a statistic's state: (``axis`` rows, *``shape``), ``dtype``, initial ``fill``,
     and how two states of it merge."""
 
-    axis: str  # "query" or "positive"
+    axis: str  # "query", "positive" or "global"
     dtype: type
     shape: tuple
     fill: object = 0
@@ -58,6 +62,13 @@ class Statistic:
 _MERGES = {"sum": np.add, "min": np.minimum, "max": np.maximum}
 
 
+def _merged(stat, spec: Field, key: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Two states of one field merged as it declares."""
+    if spec.merge == "own":
+        return stat.merge_own(key.split("/", 1)[1], a, b)
+    return _MERGES[spec.merge](a, b)
+
+
 class StatState:
     """The state of several statistics for a set of queries: ``arrays[key]`` for key
     ``"<statistic>/<field>"``.  Moves whole queries between layouts (``take``, ``scatter``,
@@ -74,8 +85,8 @@ class StatState:
 
     @classmethod
     def empty(cls, statistics: tuple, n_queries: int, n_positives: int) -> "StatState":
-        arrays = {key: np.full(((n_queries if spec.axis == "query" else n_positives),) + spec.shape, spec.fill,
-                               dtype=spec.dtype)
+        rows = {"query": (n_queries,), "positive": (n_positives,), "global": ()}
+        arrays = {key: np.full(rows[spec.axis] + spec.shape, spec.fill, dtype=spec.dtype)
                   for key, (_, spec) in cls.specs(statistics).items()}
         return cls(statistics, arrays)
 
@@ -88,19 +99,15 @@ class StatState:
 
     @staticmethod
     def merge(a: "StatState", b: "StatState") -> "StatState":
-        out = {}
-        for key, (stat, spec) in StatState.specs(a.statistics).items():
-            if spec.merge == "own":
-                out[key] = stat.merge_own(key.split("/", 1)[1], a.arrays[key], b.arrays[key])
-            else:
-                out[key] = _MERGES[spec.merge](a.arrays[key], b.arrays[key])
-        return StatState(a.statistics, out)
+        return StatState(a.statistics, {key: _merged(stat, spec, key, a.arrays[key], b.arrays[key])
+                                        for key, (stat, spec) in StatState.specs(a.statistics).items()})
 
     def take(self, offsets: np.ndarray, queries: np.ndarray) -> "StatState":
-        """The state of ``queries`` (in that order); ``offsets`` is this state's positives layout."""
+        """The state of ``queries`` (in that order); ``offsets`` is this state's positives layout.
+        Global fields stay whole: they cannot be split by query."""
         at = segment_positions(offsets, queries)
-        return StatState(self.statistics, {key: arr[queries if spec.axis == "query" else at]
-                                           for key, (_, spec), arr in self._items()})
+        index = {"query": queries, "positive": at, "global": ...}
+        return StatState(self.statistics, {key: arr[index[spec.axis]] for key, (_, spec), arr in self._items()})
 
     @staticmethod
     def scatter(statistics: tuple, offsets: np.ndarray, pieces: list) -> "StatState":
@@ -109,15 +116,22 @@ class StatState:
         out = StatState.empty(statistics, offsets.shape[0] - 1, int(offsets[-1]))
         for queries, piece in pieces:
             at = segment_positions(offsets, queries)
-            for key, (_, spec), arr in out._items():
-                arr[queries if spec.axis == "query" else at] = piece.arrays[key]
+            for key, (stat, spec), arr in out._items():
+                if spec.axis == "global":
+                    out.arrays[key] = _merged(stat, spec, key, arr, piece.arrays[key])
+                else:
+                    arr[queries if spec.axis == "query" else at] = piece.arrays[key]
         return out
 
     @staticmethod
     def concat(parts: list["StatState"]) -> "StatState":
         """Consecutive query blocks joined in query order."""
-        return StatState(parts[0].statistics, {key: np.concatenate([p.arrays[key] for p in parts])
-                                               for key in parts[0].arrays})
+        joined = {}
+        for key, (stat, spec) in StatState.specs(parts[0].statistics).items():
+            arrays = [p.arrays[key] for p in parts]
+            joined[key] = (reduce(lambda a, b: _merged(stat, spec, key, a, b), arrays) if spec.axis == "global"
+                           else np.concatenate(arrays))
+        return StatState(parts[0].statistics, joined)
 
     def _items(self):
         specs = self.specs(self.statistics)

@@ -1,0 +1,509 @@
+"""Pair-level verification (PROTOCOLS.md 3.2, 3.6): the kept negative pairs of all queries, per
+trial, as an additive histogram, a tail of the smallest ones and the AUC sum; and the refinement
+passes of the exact two-pass selection.  ``verification`` finalises them.
+
+Keys and bins.  ``key(d)`` is the order-preserving uint64 of a float64 distance (-0.0 taken as
++0.0; non-negative values get the sign bit set, negative values are bit-inverted), and its top B
+bits (``--hist-bits``) are d's bin.  With ``exact_bins`` a negative's bin is decided on its fast
+distance d when the whole error window [d - w, d + w] (``kernels.distance_window``) falls in one
+bin (both ends' keys agree), and on its canonical distance otherwise; so are the sub-bins of a
+refinement (the next bits of the key), always.  Without (float32 GEMMs, one-pass selection) the
+fast distance decides, as for GOM's thresholds (``kernels.bin_error_bound``): with float32 windows
+~0.4% of Market's negatives straddle an edge, and their canonical distances would cost more than
+the rest of verification; the histogram then only shapes the curves.  The AUC's comparisons with
+positive distances are always exact.
+
+The tail (global field ``tail``, one per trial) keeps *entries* (d, w, gallery row, query row): a
+fast distance with its window, or an exact distance (w = 0: canonical, or a stored distance).  With
+L = its ``core`` length and U a bound with at least L entries' upper bounds d + w at or below it
+(near the L-th smallest: placed from a sample, checked), it keeps L entries with upper bounds at
+most U and every other entry whose lower bound d - w is below U: whatever it drops has L entries
+certainly at or below it, so the L smallest canonical distances of all the negatives it covered
+are among its entries (ties by value are interchangeable: a dropped exact entry equal to U is
+never needed).  Two tails over disjoint rows merge into their union, compacted the same way: exact
+in any order.  Only the entries near a requested order statistic need their canonical distance in
+the end (``verification.settle``); the pass computes none for the tail, which is what keeps a tail
+of a million entries cheap.  Its buffer holds ``capacity(L)`` entries and is compacted when full;
+near-ties at U (many entries within their window of it) can overflow it, which marks the tail
+unusable (header flag): the selection then takes the two-pass route.
+
+Layout of a list of entries: ``a[0]`` is a header [count, U, overflowed, U known], ``a[1:count+1]``
+the entries.  The same layout holds a refinement's members (``Refine``), without U.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+from .. import kernels
+from . import Field, Statistic
+from .block import kept_negative, trial_bit
+
+_jit = nb.njit(nogil=True, cache=True)
+_inline = nb.njit(nogil=True, cache=True, inline="always")
+
+SIGN = np.uint64(1 << 63)
+ENTRY = 4  # d, w, extended gallery row, query row
+ENTRY_BYTES = 8 * ENTRY
+COUNT, BOUND, OVERFLOW, KNOWN = 0, 1, 2, 3  # header columns
+SUB_BITS = 16  # key bits a refinement pass adds
+def capacity(core: int) -> int:
+    """Entries a tail of length ``core`` holds between compactions."""
+    return core + max(core // 2, 16)
+
+
+SAMPLE = 4096  # upper bounds sampled to place a tail's bound before checking it
+KEY_LOW_INF, KEY_HIGH_INF = 0x000FFFFFFFFFFFFF, 0xFFF0000000000000  # the keys of -inf and +inf
+
+
+# --------------------------------------------------------------------------------------------- keys
+
+
+@_inline
+def _key(cell, cell_bits, x):
+    """The order-preserving key of float64 ``x`` (``cell``: a 1-element float64 scratch array,
+    ``cell_bits`` its uint64 view: numba has no scalar bit cast)."""
+    cell[0] = x + 0.0  # -0.0 becomes +0.0: the same distance, one key
+    u = cell_bits[0]
+    return u ^ ((np.uint64(0) - (u >> np.uint64(63))) | SIGN)
+
+
+def keys_of(values: np.ndarray) -> np.ndarray:
+    """``_key`` of each value (numpy)."""
+    u = (np.asarray(values, dtype=np.float64) + 0.0).view(np.uint64)
+    return np.where(u >> np.uint64(63) == 1, ~u, u | SIGN)
+
+
+def key_value(key: int) -> float:
+    """The float64 whose key is ``key`` (an int in [0, 2^64]): keys beyond the infinities' (NaN
+    bit patterns, and 2^64) give the infinity next to them."""
+    if key <= KEY_LOW_INF:
+        return -math.inf
+    if key >= KEY_HIGH_INF:
+        return math.inf
+    u = key ^ (1 << 63) if key >> 63 else ~key & ((1 << 64) - 1)
+    return float(np.array(u, dtype=np.uint64).view(np.float64))
+
+
+# ------------------------------------------------------------------------------------------ entries
+
+
+@_inline
+def _bound(entries):
+    """The tail's bound U: no entry with a lower bound at or above it is needed; -inf once
+    overflowed (nothing is added any more), +inf until the first compaction."""
+    if entries[0, OVERFLOW] != 0.0:
+        return -np.inf
+    return entries[0, BOUND] if entries[0, KNOWN] != 0.0 else np.inf
+
+
+@_inline
+def _upper(src, e):
+    return src[e, 0] + src[e, 1]
+
+
+@_jit
+def _counts(src, n, bound, counts):
+    """Add to ``counts`` the entries of src[1:n+1] with: an upper bound at most U; certainly in the
+    core (upper bound below U, or at U with a window; an exact entry equal to U is interchangeable
+    with any other); exact and equal to U; a lower bound below U (kept)."""
+    for e in range(1, n + 1):
+        lo = src[e, 0] - src[e, 1]
+        hi = src[e, 0] + src[e, 1]
+        counts[0] += hi <= bound
+        counts[1] += (hi < bound) | ((hi == bound) & (src[e, 1] > 0.0))
+        counts[2] += (src[e, 1] == 0.0) & (src[e, 0] == bound)
+        counts[3] += lo < bound
+
+
+@_jit
+def _tail_bound(a, na, b, nb, core, counts):
+    """U for the entries of a and b: an upper bound at or above the core-th smallest upper bound
+    (then at least ``core`` entries lie at or below it), placed from a sample and checked, else
+    exact; ``counts`` (``_counts``) for it."""
+    n = na + nb
+    m = min(n, SAMPLE)
+    if m < n:
+        sample = np.empty(m)
+        for s in range(m):
+            e = (s * n) // m
+            sample[s] = _upper(a, 1 + e) if e < na else _upper(b, 1 + e - na)
+        expected = core * m / n
+        rank = min(m - 1, np.int64(expected * 1.02 + 3.0 * math.sqrt(expected) + 8.0))
+        bound = np.partition(sample, rank)[rank]
+        counts[:] = 0
+        _counts(a, na, bound, counts)
+        _counts(b, nb, bound, counts)
+        if counts[0] >= core:
+            return bound
+    upper = np.empty(n)
+    upper[:na] = a[1:na + 1, 0] + a[1:na + 1, 1]
+    upper[na:] = b[1:nb + 1, 0] + b[1:nb + 1, 1]
+    bound = np.partition(upper, core - 1)[core - 1]
+    counts[:] = 0
+    _counts(a, na, bound, counts)
+    _counts(b, nb, bound, counts)
+    return bound
+
+
+@_jit
+def _keep(dst, kept, src, n, bound, needed):
+    """Append to dst the entries of src[1:n+1] a tail with bound U keeps: those with a lower bound
+    below U, and exact entries equal to U while the core needs them.  Returns (kept, needed)."""
+    for e in range(1, n + 1):
+        keep = src[e, 0] - src[e, 1] < bound
+        if (not keep) and (_upper(src, e) == bound) and needed > 0:
+            keep = True
+            needed -= 1
+        if keep:
+            kept += 1
+            dst[kept] = src[e]
+    return kept, needed
+
+
+@_jit
+def _compacted(dst, a, na, b, nb, core):
+    """dst = the tail of the entries of a and b (dst may be a itself); False when they would not
+    fit dst (near-ties at U: overflowed)."""
+    counts = np.zeros(4, np.int64)
+    bound = _tail_bound(a, na, b, nb, core, counts)
+    needed = core - counts[1]
+    if counts[3] + min(max(needed, 0), counts[2]) > dst.shape[0] - 1:
+        return False
+    kept, needed = _keep(dst, 0, a, na, bound, needed)
+    kept, needed = _keep(dst, kept, b, nb, bound, needed)
+    dst[0, COUNT] = kept
+    dst[0, BOUND] = bound
+    dst[0, KNOWN] = 1.0
+    dst[0, OVERFLOW] = 0.0
+    return True
+
+
+@_inline
+def _add(entries, core, d, w, g, q):
+    """Append an entry to a tail (compacting a full one first); return the tail's new bound."""
+    n = np.int64(entries[0, COUNT])
+    if n == entries.shape[0] - 1:
+        if not _compacted(entries, entries, n, entries, 0, core) or entries[0, COUNT] == n:
+            entries[0, OVERFLOW] = 1.0  # near-ties at U fill the buffer: unusable
+            return -np.inf
+        n = np.int64(entries[0, COUNT])
+        if not d - w < _bound(entries):
+            return _bound(entries)
+    entries[n + 1, 0] = d
+    entries[n + 1, 1] = w
+    entries[n + 1, 2] = g
+    entries[n + 1, 3] = q
+    entries[0, COUNT] = n + 1
+    return _bound(entries)
+
+
+@_jit
+def merge_tails(a, b, core):
+    """Per trial, the tail of the union of two tails over disjoint rows."""
+    out = np.zeros_like(a)  # calloc: only the pages written are touched
+    for t in range(a.shape[0]):
+        na = np.int64(a[t, 0, COUNT])
+        nb_ = np.int64(b[t, 0, COUNT])
+        if a[t, 0, OVERFLOW] != 0.0 or b[t, 0, OVERFLOW] != 0.0:
+            out[t, 0, OVERFLOW] = 1.0
+        elif na + nb_ < core:  # no bound yet
+            out[t, 1:na + 1] = a[t, 1:na + 1]
+            out[t, na + 1:na + nb_ + 1] = b[t, 1:nb_ + 1]
+            out[t, 0, COUNT] = na + nb_
+        elif not _compacted(out[t], a[t], na, b[t], nb_, core):
+            out[t, 0, OVERFLOW] = 1.0
+    return out
+
+
+@_jit
+def merge_members(a, b):
+    """Per refinement job, the members of both states (disjoint rows: they fit the capacity, which
+    is the job's exact member count)."""
+    out = a.copy()
+    for job in range(a.shape[0]):
+        na = np.int64(a[job, 0, COUNT])
+        nb_ = np.int64(b[job, 0, COUNT])
+        if na + nb_ >= a.shape[1] or b[job, 0, OVERFLOW] != 0.0:  # never: checked by the caller
+            out[job, 0, OVERFLOW] = 1.0
+            continue
+        out[job, na + 1:na + nb_ + 1] = b[job, 1:nb_ + 1]
+        out[job, 0, COUNT] = na + nb_
+    return out
+
+
+def entries_problem(entries: np.ndarray, gallery_rows: int, n_queries: int) -> str | None:
+    """What is wrong with tails read back from a saved state, or None."""
+    header = entries[:, 0]
+    count = header[:, COUNT]
+    capacity = entries.shape[1] - 1
+    if not (np.isfinite(header).all() and (count == np.floor(count)).all() and (count >= 0).all()
+            and (count <= capacity).all() and np.isin(header[:, [OVERFLOW, KNOWN]], (0.0, 1.0)).all()):
+        return "has a malformed header (count, bound, flags)"
+    for t in range(entries.shape[0]):
+        rows = entries[t, 1:int(count[t]) + 1]
+        d, w, g, q = rows.T
+        if not (np.isfinite(d).all() and (w >= 0).all() and np.isfinite(w).all() and (g == np.floor(g)).all()
+                and ((g >= 0) & (g < gallery_rows)).all() and (q == np.floor(q)).all()
+                and ((q >= 0) & (q < n_queries)).all()):
+            return "holds an entry that is not (distance, window, gallery row, query row)"
+    return None
+
+
+# ------------------------------------------------------------------------------- pooled positives
+
+
+@_inline
+def _bucket(x, lo, scale, m):
+    """A bucket of a sorted positive list: monotone in x, so positives in lower buckets are below x."""
+    return np.int64(min(max((x - lo) * scale, 0.0), m - 1.0))
+
+
+@_jit
+def _hints(values, lo, scale, m, out):
+    """out[b] = number of ``values`` (sorted) in buckets below b, b = 0..m."""
+    v = 0
+    for b in range(m + 1):
+        while v < values.shape[0] and _bucket(values[v], lo, scale, m) < b:
+            v += 1
+        out[b] = v
+
+
+@_inline
+def _count(pos, hints, lo, scale, m, x, inclusive):
+    """Number of positives ``pos`` (sorted) below x (at most x when ``inclusive``), exactly."""
+    b = _bucket(x, lo, scale, m)
+    i = hints[b]
+    end = hints[b + 1]
+    while i < end and ((pos[i] < x) | (inclusive & (pos[i] == x))):
+        i += 1
+    return i
+
+
+def pool_positives(positives, n_trials: int) -> tuple:
+    """Every positive distance of each trial, sorted, with bucket hints for ``_count``: (values,
+    value offsets per trial, lo, scale, buckets per trial, hints, hint offsets)."""
+    values, offsets, lows, scales, sizes, hints, hint_offsets = [], [0], [], [], [], [], [0]
+    for t in range(n_trials):
+        v = np.sort(positives.dist[((positives.bits >> np.uint64(t)) & np.uint64(1)).astype(bool)])
+        m = int(min(max(4 * v.shape[0], 1), 1 << 22))
+        lo = float(v[0]) if v.size else 0.0
+        span = float(v[-1]) - lo if v.size else 0.0
+        scale = m / span if span > 0 and math.isfinite(m / span) else 0.0
+        h = np.empty(m + 1, dtype=np.int64)
+        _hints(v, lo, scale, m, h)
+        values.append(v), lows.append(lo), scales.append(scale), sizes.append(m), hints.append(h)
+        offsets.append(offsets[-1] + v.shape[0])
+        hint_offsets.append(hint_offsets[-1] + m + 1)
+    return (np.concatenate(values), np.array(offsets, np.int64), np.array(lows), np.array(scales),
+            np.array(sizes, np.int64), np.concatenate(hints), np.array(hint_offsets, np.int64))
+
+
+NO_POOL = (np.empty(0), np.zeros(1, np.int64), np.empty(0), np.empty(0), np.empty(0, np.int64),
+           np.zeros(0, np.int64), np.zeros(1, np.int64))
+
+
+@_inline
+def _positives(pool, t, x, inclusive):
+    """Number of trial t's positive distances below x (at most x when ``inclusive``)."""
+    values, offsets, lows, scales, sizes, hints, hint_offsets = pool
+    return _count(values[offsets[t]:offsets[t + 1]], hints[hint_offsets[t]:hint_offsets[t + 1]], lows[t], scales[t],
+                  sizes[t], x, inclusive)
+
+
+# ------------------------------------------------------------------------------------ main pass
+
+
+@_inline
+def _canonical(blk, i, j):
+    return kernels.canonical_distance(blk.qf, blk.gf, i, j, blk.qa[i], blk.ga[j], blk.metric)
+
+
+@_inline
+def _bits_key(u):
+    """``_key`` from the bits of a float64 (-0.0 taken as +0.0)."""
+    u ^= SIGN * np.uint64(u == SIGN)
+    return u ^ ((np.uint64(0) - (u >> np.uint64(63))) | SIGN)
+
+
+@_inline
+def _limit(blk, i, bound, gn_max):
+    """A fast distance past which no pair of row i has a lower bound below ``bound`` (its window
+    shrinks or stays as the distance grows: twice the widest window at ``bound``, as topk's reach)."""
+    return bound + 2.0 * kernels.distance_window(bound, blk.qn[i], gn_max, blk.metric, blk.c_dot)
+
+
+@_jit
+def update_verify(blk, qrows, shift, exact_bins, hist, tails, core, auc, pool):
+    """Add the block's kept negatives, per trial, to the histogram (bins on the canonical distance
+    where the window straddles an edge if ``exact_bins``, else on the fast distance), the tails
+    (only rows below the per-row limit get their window) and the AUC sum."""
+    cell = np.empty(1)
+    cell_bits = cell.view(np.uint64)
+    sh = np.uint64(shift)
+    n_trials = hist.shape[0]
+    gn_max = blk.gn.max() if blk.gn.shape[0] else 0.0
+    bounds = np.full(n_trials, -np.inf)
+    limits = np.empty(n_trials)
+    if tails.shape[1] > 1:
+        for t in range(n_trials):
+            bounds[t] = _bound(tails[t])
+    with_auc = auc.shape[0] > 0
+    for i in range(blk.dist.shape[0]):
+        if blk.q_bits[i] == 0:
+            continue
+        qn = blk.qn[i]
+        q = np.float64(qrows[i])
+        for t in range(n_trials):
+            limits[t] = _limit(blk, i, bounds[t], gn_max)
+        row = blk.dist[i].view(np.uint64)
+        for j in range(blk.dist.shape[1]):
+            if not kept_negative(blk, i, j):
+                continue
+            d = blk.dist[i, j]
+            b = _bits_key(row[j]) >> sh
+            w = -1.0  # the window, once needed
+            if exact_bins:
+                w = kernels.distance_window(d, qn, blk.gn[j], blk.metric, blk.c_dot)
+                if _key(cell, cell_bits, d - w) >> sh != _key(cell, cell_bits, d + w) >> sh:  # straddles an edge
+                    d = _canonical(blk, i, j)
+                    w = 0.0
+                    b = _key(cell, cell_bits, d) >> sh
+            bits = blk.g_bits[j] & blk.q_bits[i]
+            for t in range(n_trials):
+                if trial_bit(bits, t) == 0:
+                    continue
+                hist[t, b] += 1
+                if with_auc:  # 2 #{pos < d} + #{pos = d}, on the canonical d when a positive is in the window
+                    if w < 0.0:
+                        w = kernels.distance_window(d, qn, blk.gn[j], blk.metric, blk.c_dot)
+                    below = _positives(pool, t, d - w, False)
+                    if below != _positives(pool, t, d + w, True):
+                        if w != 0.0:
+                            d = _canonical(blk, i, j)
+                            w = 0.0
+                        below = _positives(pool, t, d, False)
+                    auc[t] += below + _positives(pool, t, d, True)
+                if d < limits[t]:
+                    if w < 0.0:
+                        w = kernels.distance_window(d, qn, blk.gn[j], blk.metric, blk.c_dot)
+                    if d - w < bounds[t]:
+                        bounds[t] = _add(tails[t], core, d, w, np.float64(blk.g_start + j), q)
+                        limits[t] = _limit(blk, i, bounds[t], gn_max)
+
+
+class Verify(Statistic):
+    """Fields (all global, per trial): ``hist`` (kept negatives per bin of the top ``bits`` key
+    bits; ``exact_bins``: decided on the canonical distance where the window could change the bin,
+    else on the fast one), ``tail`` (with ``core`` > 0: the tail of the ``core`` smallest), ``auc``
+    (with ``auc``: sum over negatives of 2 #{pos < d} + #{pos = d})."""
+
+    name = "verify"
+
+    def __init__(self, n_trials: int, bits: int, core: int, auc: bool, exact_bins: bool):
+        self.bits, self.core, self.pools, self.exact_bins = bits, core, auc, exact_bins
+        self.fields = {"hist": Field("global", np.int64, (n_trials, 2**bits))}
+        if core:
+            self.fields["tail"] = Field("global", np.float64, (n_trials, capacity(core) + 1, ENTRY), 0.0, "own")
+        if auc:
+            self.fields["auc"] = Field("global", np.int64, (n_trials,))
+
+    def prepare(self, meta, queries, positives):
+        return queries.index
+
+    def pool(self, positives):
+        return pool_positives(positives, self.fields["hist"].shape[0])
+
+    def update(self, blk, rows: slice, state: dict, aux, run) -> None:
+        n_trials = state["hist"].shape[0]
+        tails = state.get("tail", np.zeros((n_trials, 1, ENTRY)))
+        auc = state.get("auc", np.zeros(0, np.int64))
+        pool = run.pooled[self.name] if self.pools else NO_POOL
+        update_verify(blk, aux[rows], 64 - self.bits, self.exact_bins, state["hist"], tails, self.core, auc, pool)
+
+    def merge_own(self, key: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return merge_tails(a, b, self.core)
+
+
+# ---------------------------------------------------------------------------------- refinement
+
+
+@_jit
+def update_refine(blk, qrows, trials, lows, highs, shifts, hist, members):
+    """For each job (a trial and a key range [low, high) of distances): its kept negatives' sub-bins
+    (the next key bits below ``shifts``, into ``hist``) or, without a histogram, the members
+    themselves (entries, exact membership, into ``members``)."""
+    cell = np.empty(1)
+    cell_bits = cell.view(np.uint64)
+    n_jobs = trials.shape[0]
+    collect = members.shape[1] > 1
+    low_all = lows.min() if n_jobs else np.inf
+    high_all = highs.max() if n_jobs else -np.inf
+    mask = np.uint64(hist.shape[1] - 1)
+    for i in range(blk.dist.shape[0]):
+        if blk.q_bits[i] == 0:
+            continue
+        qn = blk.qn[i]
+        for j in range(blk.dist.shape[1]):
+            if not kept_negative(blk, i, j):
+                continue
+            d = blk.dist[i, j]
+            w = kernels.distance_window(d, qn, blk.gn[j], blk.metric, blk.c_dot)
+            if (d + w < low_all) | (d - w >= high_all):
+                continue
+            bits = blk.g_bits[j] & blk.q_bits[i]
+            for job in range(n_jobs):
+                if trial_bit(bits, trials[job]) == 0 or d + w < lows[job] or d - w >= highs[job]:
+                    continue
+                if not ((lows[job] <= d - w) & (d + w < highs[job])):
+                    if w != 0.0:
+                        d = _canonical(blk, i, j)
+                        w = 0.0
+                    if not ((lows[job] <= d) & (d < highs[job])):
+                        continue
+                if collect:
+                    n = np.int64(members[job, 0, COUNT]) + 1
+                    if n == members.shape[1]:  # more members than pass 1 counted: never (checked after)
+                        members[job, 0, OVERFLOW] = 1.0
+                        continue
+                    members[job, n, 0] = d
+                    members[job, n, 1] = w
+                    members[job, n, 2] = np.float64(blk.g_start + j)
+                    members[job, n, 3] = np.float64(qrows[i])
+                    members[job, 0, COUNT] = n
+                    continue
+                sh = np.uint64(shifts[job])
+                sub = (_key(cell, cell_bits, d - w) >> sh) & mask
+                if sub != (_key(cell, cell_bits, d + w) >> sh) & mask:
+                    d = _canonical(blk, i, j)
+                    w = 0.0
+                    sub = (_key(cell, cell_bits, d) >> sh) & mask
+                hist[job, sub] += 1
+
+
+class Refine(Statistic):
+    """A refinement pass over ``jobs`` (trial, low, high, shift): sub-histograms over ``sub_bits``
+    more key bits, or (``capacity`` > 0) the members themselves, ``capacity`` per job at most."""
+
+    name = "refine"
+
+    def __init__(self, trials, lows, highs, shifts, sub_bits: int, capacity: int):
+        self.jobs = (np.asarray(trials, np.int64), np.asarray(lows, np.float64), np.asarray(highs, np.float64),
+                     np.asarray(shifts, np.int64))
+        n = self.jobs[0].shape[0]
+        self.fields = {"hist": Field("global", np.int64, (n, 2**sub_bits if not capacity else 1))}
+        if capacity:
+            self.fields["members"] = Field("global", np.float64, (n, capacity + 1, ENTRY), 0.0, "own")
+
+    def prepare(self, meta, queries, positives):
+        return queries.index
+
+    def update(self, blk, rows: slice, state: dict, aux, run) -> None:
+        members = state.get("members", np.zeros((self.jobs[0].shape[0], 1, ENTRY)))
+        update_refine(blk, aux[rows], *self.jobs, state["hist"], members)
+
+    def merge_own(self, key: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return merge_members(a, b)
