@@ -8,6 +8,9 @@ These methods are timed side by side on the same synthetic store (``streameval.s
               warmed first on a tiny problem, so compile time is not counted.
   se-fixed    the same with ``gom_norm="fixed:0:HI"`` (one pass; HI bounds every distance).
   se-closed   the same with ``no_gom=True``: CMC, mAP, mINP only (one pass).
+  se-osv      se-closed plus open-set identification and verification (``open_set=True,
+              verification=True``: DIR@FPIR, TAR@FAR at the default targets), to set against se-closed.
+  se-all      the default evaluation (GOM, minmax) plus the same, to set against streameval.
   floor       the bare distance computation over the same blocks: the same chunk plan
               (``streameval.plan.make_plan`` with evaluate's arguments), each gallery chunk read from
               the store and upcast, the query-block x gallery-chunk GEMM (numpy, BLAS on all cores)
@@ -70,8 +73,11 @@ import tempfile
 import time
 from collections import defaultdict
 
-METHODS = ("streameval", "se-fixed", "se-closed", "floor", "update", "classic", "process")
-VARIANTS = ("streameval", "se-fixed", "se-closed")
+METHODS = ("streameval", "se-fixed", "se-closed", "se-osv", "se-all", "floor", "update", "classic", "process")
+VARIANTS = ("streameval", "se-fixed", "se-closed", "se-osv", "se-all")
+UPDATE_VARIANTS = VARIANTS[:3]  # update is timed for the closed-set and GOM options
+OPEN_SET_VERIFICATION = {"open_set": True, "verification": True}  # DIR@FPIR and TAR@FAR, default targets
+GOAL_OSV_COST = 1.2  # open-set + verification cost at most this much over the same evaluation without them
 PROCESSES = {  # whole-process command -> the in-process method doing the same work
     "cli-closed": "se-closed", "cli": "streameval", "classic-process": "classic"}
 DEFAULT_SIZES = ("3368x19732x2048", "10000x50000x256")
@@ -333,6 +339,10 @@ def _variant_options(variant: str, store_path: str, metric: str, trials: int = 1
         return {"no_gom": True, "protocol": sysu_like_protocol(trials)}
     if variant == "se-closed":
         return {"no_gom": True}
+    if variant == "se-osv":
+        return {"no_gom": True, **OPEN_SET_VERIFICATION}
+    if variant == "se-all":
+        return dict(OPEN_SET_VERIFICATION)
     if variant == "se-fixed":
         import numpy as np
 
@@ -418,7 +428,7 @@ def run_update(args) -> dict:
     try:
         store = os.path.join(work, "store.zarr")
         shutil.copytree(args._store, store)
-        variants = {variant: _variant_options(variant, store, args.metric) for variant in VARIANTS}
+        variants = {variant: _variant_options(variant, store, args.metric) for variant in UPDATE_VARIANTS}
         for variant, options in variants.items():
             streameval.evaluate(store, metric=args.metric, state=os.path.join(work, variant), **options)
         added = append_distractor_copies(store, args.update_frac, args.seed)
@@ -1222,6 +1232,11 @@ def report_size(size, store_path, how, results: dict, args) -> dict:
                  if "time_s" in results.get(name, {})]
         if costs:
             print("GOM cost relative to closed-set only: " + ", ".join(costs))
+    osv = [f"{top} / {bottom} {results[top]['time_s'] / results[bottom]['time_s']:.2f}x"
+           for top, bottom in (("se-osv", "se-closed"), ("se-all", "streameval"))
+           if "time_s" in results.get(top, {}) and "time_s" in results.get(bottom, {})]
+    if osv:
+        print(f"open-set + verification cost: {', '.join(osv)} (goal <= {GOAL_OSV_COST}x)")
     update = report_update(results.get("update"), ng)
     processes = report_processes(results.get("process"), results)
     # details

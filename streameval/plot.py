@@ -4,6 +4,11 @@ One panel per kind of data, left out when no result has it, one colour per resul
 
 * CMC, in percent against the rank, the y axis from just below the lowest point plotted; with trials
   (or an aggregate of runs) a band of +- 1 std around the mean curve;
+* DIR against FPIR (open-set identification, ``open_set``): one line per rank point, the FPIR targets
+  on a log axis, the closed-set limit (accept everything: the CMC over Q+) marked at FPIR 1;
+* ROC (TAR against FAR, log FAR axis) and DET (FNMR = 1 - TAR against FAR, log-log) of pair-level
+  verification, from the histogram-resolution curves of ``verification``, the exact TAR at each
+  requested FAR marked;
 * GOM mReP against tau (queries with positives), tau_max marked; a single result also shows the mRP
   and mVP it is made of;
 * GOM mFR against tau (open-set queries);
@@ -26,6 +31,8 @@ from .errors import OptionError, StoreError, one_line
 IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".eps", ".tif", ".tiff")
 GOM_CURVES = ("mReP", "mRP", "mVP", "mFR")
 GOM_VALUES = ("mReP_max", "tau_max", "MREP", "MFR", "tau_nz")
+MARKS_LISTED = 4  # requested FAR points written into the ROC legend; more would make it wider than the panel
+RANK_STYLES = (("-", "o"), ("--", "s"), ("-.", "^"), (":", "v"), ("-", "D"), ("--", "P"))  # DIR: (line, marker) per rank
 
 
 # --------------------------------------------------------------------------------- arguments
@@ -87,6 +94,8 @@ class Curves:
     tau: np.ndarray | None
     gom: dict  # the GOM curves present (mReP, mRP, mVP, mFR), GOM_VALUES and normalisation; {} without GOM
     per_trial: dict | None  # rank1, mAP (%), one value per trial
+    open_set: dict | None  # fpir (targets > 0, ascending), dir {rank: %, NaN for null}, limit {rank: %}, note, trials
+    verification: dict | None  # far, tar (curve points), marks (requested FAR, exact TAR) rows, auc
 
 
 def load(path: str, label: str) -> Curves:
@@ -122,7 +131,38 @@ def curves(result: dict, label: str) -> Curves:
         per_trial=None if not trials else {name: _array([t[name] for t in trials["per_trial"]],
                                                         len(trials["per_trial"]), 100, gaps=True)
                                            for name in ("rank1", "mAP")},
+        open_set=_open_set(result.get("open_set")), verification=_verification(result.get("verification")),
     )
+
+
+def _open_set(section: dict | None) -> dict | None:
+    """DIR per rank at the FPIR targets of ``section`` (the result's ``open_set``), in percent.  A
+    target of 0 has no place on a log axis and is left out; a null DIR (no mated query) is a gap."""
+    if section is None:
+        return None
+    ranks = sorted(int(rank) for rank in section["ranks"])
+    points = sorted((p for p in section["points"] if _number(p["fpir"]) > 0), key=lambda p: p["fpir"])
+    limit = section["closed_set_limit"] or {}
+    return {"fpir": _array([p["fpir"] for p in points], len(points)),
+            "dir": {rank: _array([p["dir"][str(rank)] for p in points], len(points), 100, gaps=True)
+                    for rank in ranks},
+            "limit": {rank: 100 * _number(limit[str(rank)]) for rank in ranks
+                      if limit.get(str(rank)) is not None},
+            "note": None if section.get("note") is None else str(section["note"]),
+            "trials": "T" in section}  # with trials the points are means over them
+
+
+def _verification(section: dict | None) -> dict | None:
+    """The ROC points of ``section`` (the result's ``verification``: curves at histogram resolution,
+    null without pairs of both kinds) and the exact (requested FAR, TAR) points, FAR 0 left out."""
+    if section is None:
+        return None
+    roc = section["curves"]
+    n = 0 if roc is None else len(roc["far"])
+    marks = [(_number(p["far"]), _number(p["tar"])) for p in section["points"]]
+    return {"far": _array([] if roc is None else roc["far"], n), "tar": _array([] if roc is None else roc["tar"], n),
+            "marks": np.array([(far, tar) for far, tar in marks if far > 0 and tar is not None]).reshape(-1, 2),
+            "auc": _number(section.get("auc"))}
 
 
 def _array(values, length: int, scale: float = 1, gaps: bool = False) -> np.ndarray | None:
@@ -158,9 +198,15 @@ def figure(runs: list[Curves]):
 
     panels = [draw for has_data, draw in PANELS if any(has_data(run) for run in runs)]
     if not panels:
-        raise StoreError("nothing to plot: no result has a CMC (no query with positives), GOM curves or trials")
-    fig = Figure(figsize=(5.4 * len(panels), 4.6), layout="constrained")
-    for ax, draw in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
+        raise StoreError("nothing to plot: no result has a CMC (no query with positives), DIR@FPIR, ROC, "
+                         "GOM curves or trials")
+    columns = len(panels) if len(panels) <= 4 else -(-len(panels) // 2)  # more than 4: two rows
+    rows = -(-len(panels) // columns)
+    fig = Figure(figsize=(5.4 * columns, 4.6 * rows), layout="constrained")
+    axes = fig.subplots(rows, columns, squeeze=False).ravel()
+    for ax in axes[len(panels):]:
+        fig.delaxes(ax)  # the second row's empty places
+    for ax, draw in zip(axes, panels):
         draw(ax, runs)
         ax.grid(alpha=0.3)
         ax.legend(loc="best", fontsize=8)
@@ -201,6 +247,89 @@ def _cmc_panel(ax, runs: list[Curves]) -> None:
     if spreads:
         title += f", band: +-1 std over {' / '.join(spreads)}"
     ax.set(xlabel="rank k", ylabel="CMC@k (%)", title=title)
+
+
+def _dir_panel(ax, runs: list[Curves]) -> None:
+    """DIR against the FPIR target, one line per (run, rank); the closed-set limit marked at FPIR 1."""
+    values = []
+    ranks = sorted({rank for run in runs if run.open_set for rank in run.open_set["dir"]})
+    for i, run in enumerate(runs):
+        found = run.open_set
+        if found is None:
+            continue
+        for rank, dir_values in found["dir"].items():
+            line, marker = RANK_STYLES[ranks.index(rank) % len(RANK_STYLES)]  # a rank looks the same in every run
+            if np.isfinite(dir_values).any():
+                ax.plot(found["fpir"], dir_values, line, marker=marker, color=_colour(i), markersize=4,
+                        label=f"{run.label}: rank {rank}")
+                values.append(dir_values)
+        if found["limit"]:
+            limits = np.array(list(found["limit"].values()))
+            note = f" ({found['note']})" if found["note"] else ""
+            ax.scatter(np.ones(len(limits)), limits, color=_colour(i), marker="*", s=60, zorder=3,
+                       label=f"{run.label}: closed-set limit (accept all), ranks {', '.join(map(str, found['limit']))}"
+                             f"{note}")
+            values.append(limits)
+    ax.set_xscale("log")
+    ax.set_ylim(*_limits(values, 100))
+    means = any(run.open_set and run.open_set["trials"] for run in runs)
+    ax.set(xlabel="FPIR target (non-mated queries accepted, log)", ylabel="DIR (%)",
+           title="DIR vs FPIR, open-set identification" + (" (trials: means)" if means else ""))
+
+
+def _roc_panel(ax, runs: list[Curves]) -> None:
+    """TAR against FAR (log), the exact TAR at each requested FAR marked."""
+    values = []
+    for i, run in enumerate(runs):
+        found = run.verification
+        if found is None:
+            continue
+        far, tar = _roc_points(found)
+        if len(far):
+            auc = "" if found["auc"] is None else f": AUC {found['auc']:.4f}"
+            ax.plot(far, tar, color=_colour(i), label=run.label + auc)
+            values.append(tar)
+        marks = found["marks"]
+        if len(marks):
+            ax.scatter(marks[:, 0], marks[:, 1], color=_colour(i), zorder=3, s=25, label=f"{run.label}: " + (
+                "TAR@FAR " + ", ".join(f"{far:g}: {tar:.4f}" for far, tar in marks) if len(marks) <= MARKS_LISTED
+                else f"TAR at {len(marks)} requested FARs"))  # (the JSON has them all)
+            values.append(marks[:, 1])
+    ax.set_xscale("log")
+    ax.set_ylim(*_limits(values, 1))
+    ax.set(xlabel="FAR (impostor pairs accepted, log)", ylabel="TAR (genuine pairs accepted, 0-1)",
+           title="ROC, pair-level verification")
+
+
+def _det_panel(ax, runs: list[Curves]) -> None:
+    """FNMR = 1 - TAR against FAR, both log; the requested FARs marked.  Points with FAR 0 or FNMR 0
+    lie off the axes."""
+    for i, run in enumerate(runs):
+        found = run.verification
+        if found is None:
+            continue
+        far, fnmr = _det_points(found["far"], found["tar"])
+        if len(far):
+            ax.plot(far, fnmr, color=_colour(i), label=run.label)
+        far, fnmr = _det_points(*found["marks"].T)
+        if len(far):
+            ax.scatter(far, fnmr, color=_colour(i), zorder=3, s=25, label=f"{run.label}: at the requested FARs")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set(xlabel="FAR (impostor pairs accepted, log)", ylabel="FNMR = 1 - TAR (genuine pairs rejected, log)",
+           title="DET, pair-level verification")
+
+
+def _roc_points(found: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(FAR, TAR) of the ROC curve that a log FAR axis can show: FAR 0 lies off it."""
+    keep = found["far"] > 0
+    return found["far"][keep], found["tar"][keep]
+
+
+def _det_points(far: np.ndarray, tar: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(FAR, FNMR = 1 - TAR) that log-log axes can show: FAR 0 and FNMR 0 lie off them."""
+    keep = (far > 0) & (tar < 1)
+    return far[keep], 1 - tar[keep]
 
 
 def _rep_panel(ax, runs: list[Curves]) -> None:
@@ -264,8 +393,26 @@ def _trials_panel(ax, runs: list[Curves]) -> None:
     ax.set(xlabel="trial", ylabel="rank-1 and mAP (%)", title="Each trial (rank-1 solid, mAP dashed)")
 
 
+def _has_dir(run: Curves) -> bool:
+    return run.open_set is not None and any(np.isfinite(v).any() for v in run.open_set["dir"].values())
+
+
+def _has_roc(run: Curves) -> bool:
+    found = run.verification
+    return found is not None and bool(len(_roc_points(found)[0]) or len(found["marks"]))
+
+
+def _has_det(run: Curves) -> bool:
+    found = run.verification
+    return found is not None and bool(len(_det_points(found["far"], found["tar"])[0])
+                                      or len(_det_points(*found["marks"].T)[0]))
+
+
 PANELS = (  # (has data, draw)
     (lambda run: run.cmc is not None, _cmc_panel),
+    (_has_dir, _dir_panel),
+    (_has_roc, _roc_panel),
+    (_has_det, _det_panel),
     (lambda run: "mReP" in run.gom, _rep_panel),
     (lambda run: "mFR" in run.gom, _fr_panel),
     (lambda run: run.per_trial is not None and not np.isnan(run.per_trial["rank1"]).all(), _trials_panel),

@@ -1,8 +1,12 @@
-"""``streameval plot`` (issue 12): one or more results overlaid, one line per result on each panel,
-every axis labelled, the CMC axis starting where the data is, panels without data left out.
+"""``streameval plot`` (issues 12 and 13): one or more results overlaid, one line per result on each
+panel, every axis labelled, the CMC axis starting where the data is, panels without data left out;
+DIR against FPIR (one line per rank, log FPIR axis, the closed-set limit at FPIR 1), ROC (log FAR)
+and DET (log-log) with the requested FAR points marked.
 
 The figure is checked through the function that builds it (its axes, labels, lines and the values
-they draw, against the result JSONs), and the command through the PNG it writes."""
+they draw, against the result JSONs), and the command through the PNG it writes.  The open-set and
+verification sections of the unit tests are written by hand in the result schema (PROTOCOLS.md
+section 3.5) from the worked vectors V7 and V6 of section 3.7."""
 
 from __future__ import annotations
 
@@ -44,7 +48,8 @@ def loaded(results, *names):
     return [curves(json.loads(results[name].read_text()), name) for name in names]
 
 
-TITLES = {"cmc": "CMC", "mReP": "GOM, queries with positives", "mFR": "GOM, open-set queries", "trials": "Each trial"}
+TITLES = {"cmc": "CMC", "mReP": "GOM, queries with positives", "mFR": "GOM, open-set queries", "trials": "Each trial",
+          "dir": "DIR vs FPIR", "roc": "ROC", "det": "DET"}
 
 
 def assert_panels(fig, *kinds) -> None:
@@ -210,3 +215,220 @@ def test_a_store_without_positives_draws_only_the_open_set_panel(tmp_path):
     assert_panels(figure([curves(result, "open")]), "mFR")
     line = one_error_line(cli("plot", closed, tmp_path / "x.png", code=3))
     assert "nothing to plot" in line and not (tmp_path / "x.png").exists()
+
+
+# --------------------------------------------------------------- open set and verification
+
+V7_POINTS = [  # PROTOCOLS.md 3.7 V7 (non-mated .30 .50 .50 .80; mated (d+, r+) (.20, 1) (.40, 1) (.50, 2) (.90, 1)),
+    # in the order a user might give the targets; FPIR 0 (as 0.1: k = 0) has no place on the log axis
+    (0.5, 2, 0.5, "d <= threshold", 0.75, {"1": 0.5, "2": 0.75}),
+    (0.0, 0, 0.25, "d < threshold", 0.0, {"1": 0.25, "2": 0.25}),
+    (0.1, 0, 0.25, "d < threshold", 0.0, {"1": 0.25, "2": 0.25}),
+    (0.125, 1, 0.3, "d <= threshold", 0.25, {"1": 0.25, "2": 0.25}),
+    (0.25, 1, 0.3, "d <= threshold", 0.25, {"1": 0.25, "2": 0.25}),
+    (1.0, 4, None, "all", 1.0, {"1": 0.75, "2": 1.0}),
+]
+V7_DRAWN = [0.1, 0.125, 0.25, 0.5, 1.0]  # the targets on the axis, ascending
+
+
+def open_set_section(points=V7_POINTS, limit=None, note=None) -> dict:
+    return {"fpir_targets": [p[0] for p in points], "ranks": [1, 2], "rounding": "round", "n_mated": 4,
+            "n_non_mated": 4 if points else 0,
+            "points": [{"fpir": x, "k": k, "threshold": t, "accept": accept, "achieved_fpir": achieved, "dir": d}
+                       for x, k, t, accept, achieved, d in points],
+            "closed_set_limit": limit or {"1": 0.75, "2": 1.0}, "note": note}
+
+
+V6_POSITIVES = np.array([0.2, 0.5, 0.4])  # PROTOCOLS.md 3.7 V6, queries A and B together
+V6_NEGATIVES = np.array([0.1, 0.3, 0.5, 0.7, 0.3, 0.6, 0.8, 0.9])
+V6_POINTS = [  # (far, k, threshold, tar, achieved far)
+    (0.0, 0, 0.1, 0.0, 0.0), (0.125, 1, 0.3, 1 / 3, 0.125), (0.2, 1, 0.3, 1 / 3, 0.125),
+    (0.25, 2, 0.3, 1 / 3, 0.125), (0.375, 3, 0.5, 2 / 3, 0.375), (0.5, 4, 0.6, 1.0, 0.5), (1.0, 8, None, 1.0, 1.0)]
+
+
+def verification_section(points=V6_POINTS, positives=V6_POSITIVES, negatives=V6_NEGATIVES, auc=11 / 16) -> dict:
+    """The ROC curve here: TAR(t), FAR(t) counting d <= t at every distinct distance and 0, 1 (a
+    histogram of fine enough bins gives the same points)."""
+    thresholds = np.unique(np.concatenate([[0.0, 1.0], positives, negatives]))
+    return {"label_convention": "label 1 = same identity; scores are distances, accept d < threshold",
+            "far_targets": [p[0] for p in points], "n_pos": len(positives), "n_neg": len(negatives),
+            "method": "tail",
+            "points": [{"far": x, "k": k, "threshold": t, "accept": "all" if t is None else "d < threshold",
+                        "tar": tar, "achieved_far": achieved} for x, k, t, tar, achieved in points],
+            "auc": auc,
+            "curves": {"bits": 16, "threshold": thresholds.tolist(),
+                       "tar": [float((positives <= t).mean()) for t in thresholds],
+                       "far": [float((negatives <= t).mean()) for t in thresholds]}}
+
+
+def with_sections(results, name, open_set=None, verification=None) -> dict:
+    result = json.loads(results[name].read_text())
+    result["open_set"], result["verification"] = open_set, verification
+    return result
+
+
+def axis(fig, kind):
+    (ax,) = [ax for ax in fig.axes if ax.get_title().startswith(TITLES[kind])]
+    return ax
+
+
+def test_dir_is_drawn_against_the_fpir_targets_one_line_per_rank(results):
+    fig = figure([curves(with_sections(results, "full", open_set_section()), "full")])
+    assert_panels(fig, "cmc", "dir", "mReP", "mFR")
+    ax = axis(fig, "dir")
+    assert_labelled(ax)
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "linear"
+    assert ax.get_title() == "DIR vs FPIR, open-set identification"
+    assert "FPIR" in ax.get_xlabel() and ax.get_ylabel() == "DIR (%)"
+    rank1, rank2 = ax.get_lines()
+    assert (rank1.get_label(), rank2.get_label()) == ("full: rank 1", "full: rank 2")
+    assert rank1.get_color() == rank2.get_color() == fig.axes[0].get_lines()[0].get_color()  # the run's colour
+    assert rank1.get_linestyle() != rank2.get_linestyle()
+    for line in (rank1, rank2):
+        np.testing.assert_array_equal(line.get_xdata(), V7_DRAWN)
+    np.testing.assert_allclose(rank1.get_ydata(), [25, 25, 25, 50, 75], atol=1e-12)
+    np.testing.assert_allclose(rank2.get_ydata(), [25, 25, 25, 75, 100], atol=1e-12)
+    (limit,) = ax.collections  # the closed-set limit: one mark per rank at FPIR 1
+    np.testing.assert_allclose(limit.get_offsets(), [[1, 75], [1, 100]], atol=1e-12)
+    assert "closed-set limit" in limit.get_label()
+    low, high = ax.get_ylim()
+    assert low < 25 and high > 100
+
+
+def test_with_trials_the_dir_panel_draws_the_means_and_says_so(results):
+    """With trials the headline points are the means over them (k and thresholds null), the
+    trials' own sections are in per_trial."""
+    means = open_set_section()
+    for point in means["points"]:
+        point.update(k=None, threshold=None, accept=None)
+    means.update(T=2, std_ddof=1, per_trial=[open_set_section(), open_set_section()])
+    ax = axis(figure([curves(with_sections(results, "trials", means), "trials")]), "dir")
+    assert ax.get_title() == "DIR vs FPIR, open-set identification (trials: means)"
+    np.testing.assert_allclose(ax.get_lines()[0].get_ydata(), [25, 25, 25, 50, 75], atol=1e-12)
+
+
+def test_roc_and_det_draw_the_curve_and_mark_the_requested_far_points(results):
+    fig = figure([curves(with_sections(results, "nogom", verification=verification_section()), "model")])
+    assert_panels(fig, "cmc", "roc", "det")
+    roc, det = axis(fig, "roc"), axis(fig, "det")
+    for ax in (roc, det):
+        assert_labelled(ax)
+        assert "FAR" in ax.get_xlabel() and ax.get_xscale() == "log"
+    assert roc.get_yscale() == "linear" and "TAR" in roc.get_ylabel()
+    assert det.get_yscale() == "log" and "FNMR" in det.get_ylabel()
+
+    section = verification_section()
+    far, tar = np.array(section["curves"]["far"]), np.array(section["curves"]["tar"])
+    (roc_line,) = roc.get_lines()
+    assert roc_line.get_label() == "model: AUC 0.6875"  # 11/16
+    np.testing.assert_array_equal(roc_line.get_xdata(), far[far > 0])  # FAR 0 lies off the log axis
+    np.testing.assert_array_equal(roc_line.get_ydata(), tar[far > 0])
+    (det_line,) = det.get_lines()
+    shown = (far > 0) & (tar < 1)  # so does FNMR 0
+    assert shown.sum() < (far > 0).sum()
+    np.testing.assert_array_equal(det_line.get_xdata(), far[shown])
+    np.testing.assert_allclose(det_line.get_ydata(), 1 - tar[shown], atol=1e-15)
+
+    (roc_marks,) = roc.collections  # the exact TAR at every requested FAR but 0
+    np.testing.assert_allclose(roc_marks.get_offsets(), [[0.125, 1 / 3], [0.2, 1 / 3], [0.25, 1 / 3],
+                                                         [0.375, 2 / 3], [0.5, 1], [1, 1]], atol=1e-15)
+    assert roc_marks.get_label() == "model: TAR at 6 requested FARs"  # too many to list in the legend
+    (det_marks,) = det.collections  # TAR 1 is FNMR 0: off the axis
+    np.testing.assert_allclose(det_marks.get_offsets(), [[0.125, 2 / 3], [0.2, 2 / 3], [0.25, 2 / 3],
+                                                         [0.375, 1 / 3]], atol=1e-15)
+
+
+def test_overlay_of_open_set_and_verification_results_keeps_one_colour_per_result(results):
+    other_points = [(x, k, t, a, f, {r: v / 2 for r, v in d.items()}) for x, k, t, a, f, d in V7_POINTS]
+    runs = [curves(with_sections(results, "full", open_set_section(), verification_section()), "a"),
+            curves(with_sections(results, "nogom"), "b"),  # neither section: a line on the CMC panel only
+            curves(with_sections(results, "again", open_set_section(other_points),
+                                 verification_section([V6_POINTS[i] for i in (0, 1, 4, 5)], auc=None)), "c")]
+    fig = figure(runs)
+    assert_panels(fig, "cmc", "dir", "roc", "det", "mReP", "mFR")
+    assert len({round(ax.get_position().y0, 2) for ax in fig.axes}) == 2  # more than 4 panels: two rows of 3
+    colour = {line.get_label(): line.get_color() for line in fig.axes[0].get_lines()}
+    colour = {label.split(":")[0]: c for label, c in colour.items()}
+    dir_ax, roc, det = axis(fig, "dir"), axis(fig, "roc"), axis(fig, "det")
+    assert [line.get_label() for line in dir_ax.get_lines()] == ["a: rank 1", "a: rank 2", "c: rank 1", "c: rank 2"]
+    assert [line.get_label() for line in roc.get_lines()] == ["a: AUC 0.6875", "c"]  # c: no --auc
+    assert roc.collections[1].get_label() == "c: TAR@FAR 0.125: 0.3333, 0.375: 0.6667, 0.5: 1.0000"
+    assert [line.get_label() for line in det.get_lines()] == ["a", "c"]
+    for ax in (dir_ax, roc, det):
+        assert all(line.get_color() == colour[line.get_label().split(":")[0]] for line in ax.get_lines())
+        assert len(ax.collections) == 2  # one set of marks per result that has the section
+    a_rank1, _, c_rank1, _ = dir_ax.get_lines()
+    np.testing.assert_allclose(c_rank1.get_ydata(), np.asarray(a_rank1.get_ydata()) / 2, atol=1e-12)
+    assert a_rank1.get_linestyle() == c_rank1.get_linestyle()  # a rank looks the same in every result
+
+
+def test_without_non_mated_queries_or_pairs_the_panels_are_left_out(results):
+    """No non-mated query: no DIR@FPIR, only the closed-set limit (the CMC panel shows it);
+    no impostor pair: no curve and no TAR."""
+    open_set = open_set_section(points=[], note="no non-mated query: DIR@FPIR undefined; closed-set limit only")
+    verification = {**verification_section(points=[(1e-3, 0, None, None, 0.0)], auc=None), "n_neg": 0, "curves": None}
+    fig = figure([curves(with_sections(results, "nogom", open_set, verification), "closed")])
+    assert_panels(fig, "cmc")
+
+
+def test_with_a_dir_panel_the_closed_set_limit_of_a_result_without_non_mated_queries_is_marked(results):
+    note = "no non-mated query: DIR@FPIR undefined; closed-set limit only"
+    runs = [curves(with_sections(results, "full", open_set_section()), "open"),
+            curves(with_sections(results, "nogom", open_set_section(points=[], note=note)), "closed")]
+    ax = axis(figure(runs), "dir")
+    assert [line.get_label() for line in ax.get_lines()] == ["open: rank 1", "open: rank 2"]
+    _, closed = ax.collections
+    assert note in closed.get_label() and closed.get_label().startswith("closed: closed-set limit")
+    np.testing.assert_allclose(closed.get_offsets(), [[1, 75], [1, 100]], atol=1e-12)
+
+
+def test_a_real_open_set_and_verification_result_is_drawn_as_its_json_says(results, tmp_path):
+    store, out, image = results["full"].parent / "s.zarr", tmp_path / "ov.json", tmp_path / "ov.png"
+    cli("eval", store, "-q", "--no-gom", "--open-set", "--fpir", "0.1,0.5,1", "--dir-ranks", "1,5",
+        "--verification", "--far", "1e-3,1e-2,0.1", "--auc", "--json", out)
+    result = json.loads(out.read_text())
+    open_set, verification = result["open_set"], result["verification"]
+    assert open_set["n_non_mated"] > 0 and verification["n_neg"] > 0
+    fig = figure([curves(result, "real")])
+    assert_panels(fig, "cmc", "dir", "roc", "det")
+    dir_ax, roc, det = fig.axes[1:]
+
+    targets = [p["fpir"] for p in open_set["points"]]
+    assert targets == [0.1, 0.5, 1.0]
+    for line, rank in zip(dir_ax.get_lines(), ("1", "5"), strict=True):
+        assert line.get_label() == f"real: rank {rank}"
+        np.testing.assert_array_equal(line.get_xdata(), targets)
+        np.testing.assert_allclose(line.get_ydata(), [100 * p["dir"][rank] for p in open_set["points"]], atol=1e-12)
+    (limit,) = dir_ax.collections  # accepting everything: the CMC at those ranks, and the line's end at FPIR 1
+    cmc_at = [100 * result["cmc"][0], 100 * result["cmc"][4]]
+    np.testing.assert_allclose(limit.get_offsets(), [[1, cmc_at[0]], [1, cmc_at[1]]], atol=1e-12)
+    np.testing.assert_allclose([line.get_ydata()[-1] for line in dir_ax.get_lines()], cmc_at, atol=1e-12)
+
+    far, tar = (np.asarray(verification["curves"][name]) for name in ("far", "tar"))
+    (roc_line,) = roc.get_lines()
+    assert roc_line.get_label() == f"real: AUC {verification['auc']:.4f}"
+    np.testing.assert_array_equal(roc_line.get_xdata(), far[far > 0])
+    np.testing.assert_array_equal(roc_line.get_ydata(), tar[far > 0])
+    (roc_marks,) = roc.collections
+    np.testing.assert_array_equal(roc_marks.get_offsets(), [[p["far"], p["tar"]] for p in verification["points"]])
+    (det_line,) = det.get_lines()
+    shown = (far > 0) & (tar < 1)
+    np.testing.assert_array_equal(det_line.get_xdata(), far[shown])
+    np.testing.assert_allclose(det_line.get_ydata(), 1 - tar[shown], atol=1e-15)
+
+    cli("plot", out, image)
+    assert image.read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_a_malformed_open_set_or_verification_section_is_refused_naming_the_file(results, tmp_path):
+    broken = open_set_section()
+    del broken["points"][0]["dir"]["2"]  # a rank without its DIR
+    short = verification_section()
+    short["curves"]["tar"].pop()  # one TAR short of the FAR points
+    for name, result in (("dir", with_sections(results, "full", broken)),
+                         ("roc", with_sections(results, "full", verification=short))):
+        bad = tmp_path / f"{name}.json"
+        bad.write_text(json.dumps(result))
+        line = one_error_line(cli("plot", bad, tmp_path / "x.png", code=3))
+        assert f"'{bad}' is not a streameval result JSON" in line
+    assert not (tmp_path / "x.png").exists()
