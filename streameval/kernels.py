@@ -38,10 +38,34 @@ helpers are compiled into their callers.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
+from pathlib import Path
 
 import numba as nb
 import numpy as np
+
+
+def _versioned_cache() -> None:
+    """Put numba's on-disk cache in a folder named after a hash of every kernel module's source.
+
+    numba checks a cached kernel against its own file's time stamp only, but kernels inline helpers
+    of other modules (this one's into ``statistics/``): after one of those changes alone - a ``git
+    pull`` into an editable install - a cached caller would keep the old helper and give wrong
+    numbers without a word.  A changed source now means a new folder, so every kernel is compiled
+    afresh.  (A tree that cannot be written keeps numba's own choice; a user's NUMBA_CACHE_DIR is
+    kept, with the folder inside it.)"""
+    package = Path(__file__).resolve().parent
+    digest = hashlib.blake2b(digest_size=8)
+    for source in sorted([package / "kernels.py", package / "draws.py", *(package / "statistics").glob("*.py")]):
+        digest.update(source.name.encode() + source.read_bytes())
+    root = Path(nb.config.CACHE_DIR) if nb.config.CACHE_DIR else package / "__pycache__"
+    if os.access(root if root.exists() else package, os.W_OK):
+        nb.config.CACHE_DIR = str(root / f"numba-{digest.hexdigest()}")
+
+
+_versioned_cache()  # before any kernel below or in statistics/ is decorated
 
 SQEUCLIDEAN, EUCLIDEAN, COSINE, PRECOMPUTED = 0, 1, 2, 3
 # A distance store's values are the distances (similarities negated when read): its "metric".
