@@ -27,6 +27,7 @@ from fractions import Fraction
 import numpy as np
 
 from .errors import OptionError
+from .rates import items, parse_rates
 from .spread import spread
 
 OPEN_SET_OPTIONS = ("open_set", "fpir", "dir_ranks", "fpir_rounding")
@@ -65,15 +66,13 @@ class Spec:
                 raise OptionError(f"an open-set record has keys {sorted(value)}, "
                                   "expected ['fpir', 'ranks', 'rounding']")
             value = cls(value["fpir"], value["ranks"], value["rounding"])
-        targets = {}
-        for text in _items(value.fpir, "fpir (--fpir)"):
-            targets.setdefault(_target(text), text)
-        ranks = sorted({_rank(item, max_rank) for item in _items(value.ranks, "dir_ranks (--dir-ranks)")})
-        if not targets or not ranks:
-            raise OptionError("fpir (--fpir) and dir_ranks (--dir-ranks) each need at least one value")
+        targets = parse_rates(value.fpir, "fpir (--fpir)", "FPIR")
+        ranks = sorted({_rank(item, max_rank) for item in items(value.ranks, "dir_ranks (--dir-ranks)")})
+        if not ranks:
+            raise OptionError("dir_ranks (--dir-ranks) needs at least one rank")
         if value.rounding not in ROUNDINGS:
             raise OptionError(f"fpir_rounding (--fpir-rounding) must be round or floor, got {value.rounding!r}")
-        return cls(tuple(targets[x] for x in sorted(targets)), tuple(ranks), value.rounding)
+        return cls(targets, tuple(ranks), value.rounding)
 
     @property
     def targets(self) -> list[Fraction]:
@@ -85,31 +84,6 @@ class Spec:
     def count(self, x: Fraction, n: int) -> int:
         """k = round(x n), half up (Liao), or floor(x n): exact."""
         return math.floor(x * n + Fraction(1, 2)) if self.rounding == "round" else math.floor(x * n)
-
-
-def _items(value, name: str) -> list:
-    """A comma-separated string, a single number or a sequence, as a list of its items."""
-    if isinstance(value, str):
-        return [item.strip() for item in value.split(",") if item.strip()]
-    if isinstance(value, (int, float, Fraction, np.number)):
-        return [value]
-    try:
-        return list(value)
-    except TypeError:
-        raise OptionError(f"{name} must be a comma-separated string or a list, got {value!r}") from None
-
-
-def _target(item) -> Fraction:
-    """An FPIR target: the exact value of the decimal as written (0.29 is 29/100, not float64's)."""
-    if isinstance(item, bool):
-        raise OptionError(f"fpir (--fpir) targets are numbers from 0 to 1, got {item!r}")
-    try:
-        x = Fraction(str(item).strip())
-    except (ValueError, ZeroDivisionError):
-        raise OptionError(f"fpir (--fpir) targets are numbers from 0 to 1, got {item!r}") from None
-    if not 0 <= x <= 1:
-        raise OptionError(f"fpir (--fpir) targets are numbers from 0 to 1, got {item!r}")
-    return x
 
 
 def _rank(item, max_rank: int) -> int:

@@ -32,6 +32,7 @@ import numpy as np
 
 from .errors import OptionError
 from .plan import format_bytes, parse_bytes
+from .rates import parse_rates
 
 VERIFY_OPTIONS = ("verification", "far", "auc", "tail_budget", "hist_bits")
 CLI_NAMES = {key: "--" + key.replace("_", "-") for key in VERIFY_OPTIONS}
@@ -49,26 +50,6 @@ LABEL_CONVENTION = (
 
 def _integer(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def parse_targets(value) -> tuple[str, ...]:
-    """FAR targets as decimal strings, ascending, each in [0, 1]: a comma-separated string or a
-    sequence of strings or numbers (a float by its shortest repr: 0.29 is "0.29")."""
-    items = value.split(",") if isinstance(value, str) else list(value)
-    targets = {}
-    for item in items:
-        text = item.strip() if isinstance(item, str) else repr(item) if isinstance(item, float) else str(item)
-        try:
-            x = Fraction(text)
-        except (ValueError, ZeroDivisionError):
-            raise OptionError(f"far (--far) takes decimal FAR targets from 0 to 1, comma-separated, got {text!r}") \
-                from None
-        if not 0 <= x <= 1 or isinstance(item, bool):
-            raise OptionError(f"far (--far) takes FAR targets from 0 to 1, got {text!r}")
-        targets.setdefault(x, text)
-    if not targets:
-        raise OptionError("far (--far) needs at least one FAR target, e.g. 1e-4,1e-3,1e-2")
-    return tuple(targets[x] for x in sorted(targets))
 
 
 def k_of(target: str, n_neg: int) -> int:
@@ -97,7 +78,7 @@ class Spec:
         if not isinstance(value, Mapping) or not set(value) <= set(RECORD_KEYS):
             raise OptionError(f"a verification record is {value!r:.80}, expected a mapping of {', '.join(RECORD_KEYS)}")
         budget = parse_bytes(value.get("tail_budget", DEFAULT_TAIL_BUDGET))
-        spec = cls(parse_targets(value.get("far", DEFAULT_FAR)), value.get("auc", False), budget,
+        spec = cls(parse_rates(value.get("far", DEFAULT_FAR), "far (--far)", "FAR"), value.get("auc", False), budget,
                    value.get("hist_bits", DEFAULT_HIST_BITS), value.get("core"))
         if not isinstance(spec.auc, bool):
             raise OptionError(f"auc must be true or false, got {spec.auc!r}")
