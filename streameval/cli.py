@@ -115,6 +115,19 @@ def _key_values(ctx, param, values):
     return options
 
 
+def _variant_options(ctx, param, values):
+    """NAME=FILE items to {name: file} (each name once); names are checked where they are stored."""
+    files = {}
+    for item in values:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise click.BadParameter(f"expected NAME=FILE, got {item!r}")
+        if name in files:
+            raise click.BadParameter(f"the variant {name!r} is given twice")
+        files[name] = path
+    return files
+
+
 def _number_or_text(raw: str):
     for kind in (int, float):
         try:
@@ -380,6 +393,10 @@ def _finish_with_lists(result, ranked_out, label, json_path, per_query, quiet, r
 @click.option("--convert-to", type=click.Path(), default=None, metavar="PATH",
               help="When STORE is a file to convert: write its store here and keep it (--overwrite replaces one). "
                    "Default: a temporary store, removed after the evaluation.")
+@click.option("--query-variant", default=None, metavar="NAME",
+              help="Evaluate this feature variant of the queries (e.g. corrupt-t0; docs/variants.md). Default: clean.")
+@click.option("--gallery-variant", default=None, metavar="NAME",
+              help="Evaluate this feature variant of the gallery. Default: clean.")
 def eval_cmd(store, json_path, per_query, quiet, state, overwrite, ranks, summary_format, convert_to, **options):
     """Evaluate STORE's queries against its gallery, streaming the gallery in chunks.
 
@@ -445,6 +462,8 @@ def append(store, input_npz, paths_file):
     \b
     Expected arrays (long or short names):
       gallery_features | gf    gallery_pids | g_pids    gallery_camids | g_camids
+    and for each gallery variant of STORE (docs/variants.md) its new rows:
+      variant.NAME    variant.NAME.corruption_type    variant.NAME.severity (if it has them)
 
     Rows are checked before the store is touched and become visible only once all are written: an
     interrupted append leaves the store as it was.  Then 'streameval update STORE --state STATE'
@@ -482,10 +501,15 @@ def append(store, input_npz, paths_file):
 @click.option("--images", type=click.Path(file_okay=False), default=None,
               help="Also write a small PNG per row into this new folder (a figure coloured by its pid, on its camera's "
                    "background) and the paths into the store, for 'streameval show'.")
+@click.option("--variants", type=click.Choice(["cil-factorial", "cil-upstream"]), default=None,
+              help="Also write corruption-like feature variants of the queries and the gallery, named as the suite "
+                   "preset of that name reads them (docs/variants.md): a random corruption type and severity per row.")
+@click.option("--variant-trials", type=click.IntRange(min=1), default=10, show_default=True,
+              help="--variants: trials, each with its own corrupted draws.")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (and write into an existing --images folder).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 def synth(out, queries, gallery, dim, ids, cams, seed, junk, distractors, open_queries, dtype, chunk_rows,
-          metric, images, overwrite, quiet):
+          metric, images, variants, variant_trials, overwrite, quiet):
     """Write a synthetic ReID-like store (clustered identities, camera shifts), chunk by chunk.
 
     Memory stays bounded by one chunk, so galleries of millions of rows can be generated.
@@ -500,6 +524,7 @@ def synth(out, queries, gallery, dim, ids, cams, seed, junk, distractors, open_q
         out, n_query=queries, n_gallery=gallery, dim=dim, n_ids=ids, n_cams=cams, seed=seed,
         junk_frac=junk, distractor_frac=distractors, open_query_frac=open_queries, dtype=dtype,
         chunk_rows=chunk_rows, default_metric=metric, overwrite=overwrite, progress=not quiet, images=images,
+        variants=variants, variant_trials=variant_trials,
     )
     if not quiet:
         click.echo(store_summary(open_store(out)))
@@ -515,8 +540,14 @@ def synth(out, queries, gallery, dim, ids, cams, seed, junk, distractors, open_q
               help="Rows per zarr chunk. Default: about 8 MiB of features per chunk.")
 @click.option("--metric", type=click.Choice(METRICS), default=None,
               help="Default distance recorded in a feature store. Default: euclidean.")
+@click.option("--query-variant", "query_variants", multiple=True, callback=_variant_options, metavar="NAME=FILE",
+              help="Also store a feature variant of the queries (e.g. corrupted images' features), repeatable: FILE a "
+                   ".npy of features or a .npz of features and optionally corruption_type, severity, pids, camids "
+                   "(docs/variants.md).")
+@click.option("--gallery-variant", "gallery_variants", multiple=True, callback=_variant_options, metavar="NAME=FILE",
+              help="Also store a feature variant of the gallery, as --query-variant.")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
-def convert(inputs, out, dtype, chunk_rows, metric, overwrite, **reading):
+def convert(inputs, out, dtype, chunk_rows, metric, query_variants, gallery_variants, overwrite, **reading):
     """Convert query/gallery features and ids (or a distance matrix) into a store at OUT.
 
     \b
@@ -541,7 +572,8 @@ def convert(inputs, out, dtype, chunk_rows, metric, overwrite, **reading):
             click.echo(str(matching), err=True)
 
     store = convert_input(list(inputs), out, dtype=dtype, chunk_rows=chunk_rows, default_metric=metric,
-                          overwrite=overwrite, report=report, **_reading(reading))
+                          overwrite=overwrite, report=report, query_variants=query_variants,
+                          gallery_variants=gallery_variants, **_reading(reading))
     click.echo(store_summary(store))
 
 
@@ -562,6 +594,8 @@ def plot(files, out, labels, overwrite):
       streameval plot A.json B.json --labels a,b --out cmp.png
 
     A panel with no data in any result (GOM skipped, no open-set query, no trials) is left out.
+    Suite results (streameval suite --json) are drawn together, as one figure of mAP, mINP and R1
+    per setting: the mean with +- 1 std error bars, each trial a dot (docs/suites.md).
     Needs matplotlib: in the streameval clone, .venv/bin/pip install -e '.[plot]' (scripts/demo does).
     """
     from . import plot as plot_mod  # light: matplotlib is imported when drawing
@@ -613,14 +647,36 @@ def show_cmd(result, store, out, png, queries, image_root, overwrite):
 @click.argument("store", type=click.Path())
 def validate(store):
     """Check STORE's structure and read every chunk: missing chunk files, checksum mismatches
-    (damaged files), NaN or inf features and reserved ids are reported."""
+    (damaged files), NaN or inf features and reserved ids are reported, feature variants included."""
     from .report import store_summary
     from .store import open_store, validate_values
+    from .store.variants import validate_variants
 
     opened = open_store(store)
     validate_values(opened)
+    validate_variants(opened)
     click.echo(store_summary(opened))
     click.echo("ok: structure and values are valid")
+
+
+@main.command("variants")
+@click.argument("store", type=click.Path())
+@click.option("--add", "added", multiple=True, metavar="SET:NAME=FILE",
+              help="Store a feature variant of the queries (query:NAME=FILE) or the gallery (gallery:NAME=FILE), "
+                   "repeatable: FILE a .npy of features or a .npz of features and optionally corruption_type, "
+                   "severity, pids, camids.")
+@click.option("--overwrite", is_flag=True, help="--add: replace a variant of the same name.")
+def variants_cmd(store, added, overwrite):
+    """List STORE's feature variants per set (name, rows, corruption types and severities,
+    attributes), after storing those given with --add.  docs/variants.md in the repository explains
+    them; 'streameval synth --variants' writes corruption-like ones.
+    """
+    from .store import open_store
+    from .store.variants import add_variant_files, describe_variants, parse_spec
+
+    specs = [parse_spec(item) for item in added]
+    opened = add_variant_files(store, specs, overwrite=overwrite) if specs else open_store(store)
+    click.echo(describe_variants(opened))
 
 
 @main.command("aggregate")
@@ -651,6 +707,117 @@ def aggregate_cmd(runs, labels, json_path, overwrite, ranks, summary_format):
     click.echo(text, err=json_path == "-")
     if failure is not None:
         raise failure
+
+
+_suite_output_options = _options(
+    click.option("--json", "json_path", type=click.Path(), default=None,
+                 help="Write the suite's result as JSON to this file ('-' for stdout): every evaluation's full "
+                      "result, per setting the per-trial values, mean, std, sem, min, max."),
+    click.option("--per-query", is_flag=True, help="Include each evaluation's per-query values in the JSON."),
+    click.option("--quiet", "-q", is_flag=True, help="Print no progress and no table."),
+    click.option("--format", "summary_format", type=click.Choice(SUMMARY_FORMATS), default="table", show_default=True,
+                 help="Table layout: the terminal table, or a table to paste (markdown, csv, latex); mINP, mAP, "
+                      "R1, R5, R10 in percent as mean (std) per setting, as the CIL-ReID paper prints them."),
+    click.option("--per-evaluation", is_flag=True,
+                 help="Also print one row per evaluation (setting, trial, variants), upstream's column order."),
+    click.option("--plot", "plot_path", type=click.Path(), default=None, metavar="PNG",
+                 help="Also draw each metric per setting with error bars (std) to this image."),
+    click.option("--overwrite", is_flag=True, help="Replace an existing --json, --plot or --state output."),
+)
+
+
+def _finish_suite(result, json_path, per_query, quiet, summary_format, per_evaluation, plot_path) -> None:
+    """Write the suite's JSON and plot, then print its table (to stderr when the JSON goes to stdout)."""
+    from .suite.report import breakdown_table, per_evaluation_table, suite_table, summary_lines
+
+    section = result.to_dict(per_query=per_query)
+    failure = _write_json(section, json_path, "suite result") if json_path else None
+    if plot_path:
+        from .plot import plot_suite
+
+        plot_suite(section, plot_path)
+    if not quiet:
+        suite = section["suite"]
+        err = json_path == "-"
+        for line in summary_lines(suite):
+            click.echo(line, err=True)
+        tables = [suite_table(suite, summary_format)]
+        if suite["breakdown"] is not None:
+            tables.append(breakdown_table(suite, summary_format))
+        if per_evaluation:
+            tables.append(per_evaluation_table(suite, summary_format))
+        click.echo("\n\n".join(tables), err=err)  # a blank line between tables, csv ones included
+    if failure is not None:
+        raise failure
+
+
+@main.command("suite")
+@click.argument("store", type=click.Path())
+@click.argument("suite")
+@click.option("--trials", type=click.IntRange(min=1), default=None,
+              help="Corruption trials T of a preset plan (default 10, or the suite file's).")
+@click.option("--headline-setting", default=None,
+              help="The setting reported as the headline 'corrupted' figure (default both).")
+@click.option("--std-ddof", type=click.Choice(["1", "0"]), default=None,
+              help="Std over trials: 1 = sample standard deviation (default), 0 = numpy's default.")
+@click.option("--protocol", default=None, metavar="NAME|FILE", help="The protocol of every evaluation (default market).")
+@click.option("--metric", type=click.Choice(METRICS), default=None, help="Distance (default: the store's).")
+@click.option("--max-rank", type=click.IntRange(min=1), default=None, help="Length of the CMC curve (default 50).")
+@click.option("--precision", type=click.Choice(PRECISIONS), default=None, help="Precision of the GEMM (default float32).")
+@click.option("--denominator", type=click.Choice(["skip", "zero"]), default=None,
+              help="Queries without a positive: skipped (default) or counted as 0.")
+@click.option("--direction", type=click.Choice(["v2t", "t2v"]), default=None,
+              help="regdb: the direction evaluated (a suite runs one).")
+@click.option("--gom-norm", default=None, metavar="fixed:LO:HI|none",
+              help="Also the GOM metrics, with this normalisation (minmax spans each evaluation's pairs: not offered).")
+@click.option("--gom-bins", type=click.IntRange(min=1), default=None, help="GOM threshold grid size (default 100).")
+@click.option("--open-set", is_flag=True, default=None, help="Also DIR@FPIR per evaluation (docs/open-set.md).")
+@click.option("--state", type=click.Path(file_okay=False), default=None,
+              help="Also save the suite's per-query states here, for 'streameval suite-update' after appends.")
+@_execution_options
+@_suite_output_options
+def suite_cmd(store, suite, json_path, per_query, quiet, summary_format, per_evaluation, plot_path, overwrite, state,
+              trials, headline_setting, std_ddof, **options):
+    """Evaluate a feature-variant suite: clean, corrupted query, corrupted gallery and both, over
+    trials (CIL-ReID, PROTOCOLS.md section 4), in one pass per gallery variant.
+
+    SUITE is a preset, cil-upstream (clean once; per trial independent query, gallery and both
+    draws) or cil-factorial (one corrupted draw per side per trial: not upstream-equivalent), or a
+    .toml / .json suite file naming (query variant, gallery variant) evaluations (docs/suites.md).
+    STORE holds the variants (docs/variants.md; 'streameval synth --variants' makes a demo).  Each
+    evaluation's numbers equal a separate 'streameval eval' of its pair.
+    """
+    for path, what in ((json_path, "--json file"), (plot_path, "--plot image")):
+        outputs.check_file(path, overwrite, what)
+    from .suite.plan import load_suite
+    from .suite.run import run_suite
+
+    if options["gom_norm"] is not None:
+        options["no_gom"] = False
+    plan = load_suite(suite, trials, headline_setting, None if std_ddof is None else int(std_ddof),
+                      **{key: options.pop(key) for key in ("protocol", "metric", "max_rank", "precision", "denominator",
+                                                           "direction", "gom_norm", "gom_bins", "open_set", "no_gom")
+                         if key in options})
+    result = run_suite(store, plan, progress=not quiet, state=state, overwrite_state=overwrite, **options)
+    _finish_suite(result, json_path, per_query, quiet, summary_format, per_evaluation, plot_path)
+
+
+@main.command("suite-update")
+@click.argument("store", type=click.Path())
+@click.option("--state", type=click.Path(file_okay=False), required=True,
+              help="The suite state saved by 'streameval suite --state' (or a previous suite-update).")
+@_execution_options
+@_suite_output_options
+def suite_update_cmd(store, state, json_path, per_query, quiet, summary_format, per_evaluation, plot_path, overwrite,
+                     **options):
+    """Score only the gallery rows appended to every gallery variant of STORE since the suite's
+    --state was saved, and report the suite (equal to a full 'streameval suite')."""
+    for path, what in ((json_path, "--json file"), (plot_path, "--plot image")):
+        outputs.check_file(path, overwrite, what)
+    from .suite.state import update_suite
+
+    result = update_suite(store, state, progress=not quiet, **options)
+    _finish_suite(result, json_path, per_query, quiet, summary_format, per_evaluation, plot_path)
 
 
 @main.command("protocols")

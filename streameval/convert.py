@@ -18,6 +18,7 @@ allows streaming (.npz, .npy, HDF5, CSV); .mat v5 and torch files are read whole
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
@@ -59,6 +60,8 @@ def convert(
     default_metric: str | None = None,
     overwrite: bool = False,
     report=None,
+    query_variants=None,
+    gallery_variants=None,
 ) -> Store:
     """Convert ``inputs`` (a file, a folder of .npy files, or a list of .npy files) into a store at
     ``out`` and return it opened.
@@ -71,6 +74,9 @@ def convert(
 
     Feature stores: the stored dtype is ``dtype`` if given (float16 or float32), else float16 when
     the input features are float16 and float32 otherwise; ``default_metric`` defaults to euclidean.
+    ``query_variants`` / ``gallery_variants``: {name: FILE} feature variants of a set written into
+    the store too (docs/variants.md: a .npy of features, or a .npz of ``features`` and optionally
+    ``corruption_type``, ``severity``, and ``pids``, ``camids`` that must equal the set's).
     ``report``: called with the :class:`~streameval.io.Matching` once the store is written.  Raises
     StoreError, before touching ``out``, when an array is missing or malformed or a value is not
     finite; refuses to replace an existing ``out`` unless ``overwrite``.
@@ -88,13 +94,17 @@ def convert(
         default_metric = default_metric or "euclidean"
         check_metric(default_metric)
     paths = [os.fspath(p) for p in inputs] if isinstance(inputs, (list, tuple)) else [os.fspath(inputs)]
-    _check_output(out, [*paths, query_ids, gallery_ids, ids_from], overwrite)
+    variants = _variant_specs(query_variants, gallery_variants)
+    if matrix is not None and variants:
+        raise OptionError("a distance store has no features: --query-variant and --gallery-variant apply to features")
+    _check_output(out, [*paths, query_ids, gallery_ids, ids_from, *(path for _, _, path in variants)], overwrite)
     given = _given_ids(query_ids, gallery_ids, ids_from)
     with open_source(paths) as source:
         if matrix is not None:
             store, found = _convert_matrix(source, out, matrix, keys, given, chunk_rows, overwrite)
         else:
-            store, found = _convert_features(source, out, keys, given, dtype, chunk_rows, default_metric, overwrite)
+            store, found = _convert_features(source, out, keys, given, dtype, chunk_rows, default_metric, overwrite,
+                                             variants)
     if report is not None:
         report(Matching.of(source, found, {name: (ids.label, ids.paths is not None) for name, ids in given.items()}))
     return store
@@ -165,7 +175,16 @@ def _members(source, found: dict, given: dict) -> dict:
 # ------------------------------------------------------------------------------------------ features
 
 
-def _convert_features(source, out, keys, given, dtype, chunk_rows, default_metric, overwrite):
+def _variant_specs(query_variants, gallery_variants) -> list:
+    """[(set, name, path)] of the variant files to convert, names checked."""
+    from .store.variants import check_name
+
+    return [(set_name, check_name(name), os.fspath(path))
+            for set_name, given in (("query", query_variants), ("gallery", gallery_variants))
+            for name, path in (given or {}).items()]
+
+
+def _convert_features(source, out, keys, given, dtype, chunk_rows, default_metric, overwrite, variant_specs=()):
     found = match(source, ["query_features", "gallery_features", *_id_names(given)], keys)
     members = _members(source, found, given)
     dim = _check_headers(members, source.path)
@@ -177,14 +196,28 @@ def _convert_features(source, out, keys, given, dtype, chunk_rows, default_metri
     for set_name in SETS:
         _check_values(members, set_name, chunk_rows, dim, dtype, source.path)
     n_query, n_gallery = (members[f"{s}_features"].shape[0] for s in SETS)
-    with new_store(out, overwrite):
-        store = create_store(out, n_query, n_gallery, dim, dtype.name, chunk_rows, default_metric)
-        for fs in (store.query, store.gallery):
-            for start, feats, pids, camids in _batches(members, fs.name, fs.chunk_rows):
-                write_rows(fs, start, feats, pids, camids)
-        store = commit_gallery(out)
-        _write_paths(out, given)
+    from .store.variants import file_attrs, variant_files, write_variant_blocks
+
+    with variant_files(variant_specs) as variants:
+        for set_name, _, rows in variants:  # checked before the store is created (or --overwrite deletes one)
+            ids = functools.partial(_id_blocks, members, set_name)
+            rows.check(members[f"{set_name}_features"].shape[0], dim, dtype, chunk_rows, ids=ids)
+        with new_store(out, overwrite):
+            store = create_store(out, n_query, n_gallery, dim, dtype.name, chunk_rows, default_metric)
+            for fs in (store.query, store.gallery):
+                for start, feats, pids, camids in _batches(members, fs.name, fs.chunk_rows):
+                    write_rows(fs, start, feats, pids, camids)
+            store = commit_gallery(out)
+            _write_paths(out, given)
+            for (set_name, name, rows), (_, _, path) in zip(variants, variant_specs):
+                store = write_variant_blocks(out, set_name, name, rows.blocks(chunk_rows, dtype),
+                                             columns=rows.columns, attrs=file_attrs(path))
     return store, found
+
+
+def _id_blocks(members: dict, set_name: str, step: int):
+    """(pids, camids) per block of ``step`` rows of one set."""
+    return zip(*(members[f"{set_name}_{field}"].blocks(step) for field in ("pids", "camids")))
 
 
 def _write_paths(out, given: dict) -> None:
@@ -244,8 +277,12 @@ def append_npz(input_npz, store_target, paths=None, keys=None) -> Store:
     """Append the gallery rows of an input ``convert`` reads (``gallery_features``,
     ``gallery_pids``, ``gallery_camids`` or ``gf``, ``g_pids``, ``g_camids``, or another known name,
     or ``keys``) to an existing store, streamed a store chunk at a time, with their image ``paths``
-    if the store holds gallery paths.  Everything is checked before the store is touched; the rows
+    if the store holds gallery paths.  Every gallery variant of the store gets its new rows from the
+    input's arrays ``variant.NAME`` (and ``variant.NAME.corruption_type`` / ``.severity`` when the
+    variant has them; docs/variants.md).  Everything is checked before the store is touched; the rows
     become visible only once all are written (``store.append_batches``)."""
+    from .store.variants import input_variants
+
     store = appendable(store_target)
     with open_source(input_npz) as source:
         found = match(source, ["gallery_features", *_id_names({}, sets=("gallery",))], parse_keys(keys))
@@ -256,7 +293,7 @@ def append_npz(input_npz, store_target, paths=None, keys=None) -> Store:
         step = store.gallery.chunk_rows
         _check_values(members, "gallery", step, dim, store.gallery.features.dtype, source.path)
         return append_batches(store_target, members["gallery_features"].shape[0], _batches(members, "gallery", step),
-                              paths)
+                              paths, input_variants(source.arrays, source.path))
 
 
 # ------------------------------------------------------------------------------------------ matrices

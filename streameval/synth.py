@@ -34,6 +34,17 @@ With ``images``, every row also gets a small PNG (a figure whose clothes are col
 a background tinted by its camera; junk grey, distractors coloured by their row), written a chunk at
 a time into ``images/query`` and ``images/gallery``, and its path in the store (``store.paths``),
 so ``streameval show`` has something to draw.
+
+Variants (``variants="cil-factorial"`` or ``"cil-upstream"``): after the clean store, the preset's
+query and gallery variants (``store.variants.preset_variant_names``), each a corruption-like copy of
+the written features, as CIL-ReID corrupts every image: per row a corruption type (``CORRUPTIONS``:
+gaussian noise, dropout of dimensions, contrast towards the row's mean, a shift along one direction
+shared by the variant's rows, quantisation) and a severity 1..``MAX_SEVERITY``, drawn uniformly; the
+perturbation grows linearly with the severity, is scaled by the row's RMS, and the row is brought
+back to its clean norm (a corrupted gallery row is no nearer to every query).  Randomness comes per
+generation block from ``(seed, set, variant name, block)``, so a variant does not depend on the
+chunking or on the other variants.  On the default model every setting loses: mAP clean > query
+corrupted > gallery corrupted > both (about 0.83, 0.70-0.75, 0.65, 0.50-0.56).
 """
 
 from __future__ import annotations
@@ -65,6 +76,11 @@ GENERATION_BLOCK_BYTES = 1 << 20  # float32 features per generation block
 
 # stream ids of the seed sequences (never change: they define the data)
 _CENTRES, _OPEN_CENTRES, _CAMERAS, _QUERY, _GALLERY = range(5)
+_VARIANT = 5
+
+# corruption-like variants: type -> strength at the largest severity (module docstring, "Variants")
+CORRUPTIONS = {"gaussian_noise": 1.5, "dropout": 0.8, "contrast": 0.9, "shift": 1.5, "quantize": 3.0}
+MAX_SEVERITY = 5
 
 
 def noise_scale(dim: int) -> float:
@@ -117,18 +133,38 @@ def _identity_centres(out: np.ndarray, rng: np.random.Generator) -> None:
         out[full * size:] += groups[full]
 
 
-class _Generator:
-    """Rows of one set, generated per block (cached: consecutive chunks reuse a straddling block)."""
+class _Blocks:
+    """Rows made per generation block (cached: consecutive chunks reuse a straddling block)."""
 
-    def __init__(self, seed, stream, n_rows, dim, make_ids, centres, cameras, sigma):
-        self.seed, self.stream, self.n_rows, self.dim = seed, stream, n_rows, dim
-        self.make_ids, self.centres, self.cameras, self.sigma = make_ids, centres, cameras, sigma
+    def __init__(self, dim: int):
         self.block_rows = generation_block_rows(dim)
         self._cached = (None, None)
 
     def block(self, index: int):
-        if self._cached[0] == index:
-            return self._cached[1]
+        if self._cached[0] != index:
+            self._cached = (index, self.make_block(index))
+        return self._cached[1]
+
+    def rows(self, start: int, stop: int):
+        parts = []
+        for index in range(start // self.block_rows, (stop - 1) // self.block_rows + 1):
+            b0 = index * self.block_rows
+            lo, hi = max(start, b0) - b0, min(stop, b0 + self.block_rows) - b0
+            parts.append(tuple(column[lo:hi] for column in self.block(index)))
+        if len(parts) == 1:
+            return parts[0]
+        return tuple(np.concatenate(column) for column in zip(*parts))
+
+
+class _Generator(_Blocks):
+    """Rows of one set: features, pids, camids."""
+
+    def __init__(self, seed, stream, n_rows, dim, make_ids, centres, cameras, sigma):
+        super().__init__(dim)
+        self.seed, self.stream, self.n_rows, self.dim = seed, stream, n_rows, dim
+        self.make_ids, self.centres, self.cameras, self.sigma = make_ids, centres, cameras, sigma
+
+    def make_block(self, index: int):
         start = index * self.block_rows
         n = min(self.block_rows, self.n_rows - start)
         rng = _rng(self.seed, self.stream, index)
@@ -148,19 +184,57 @@ class _Generator:
         feats += self.sigma * rng.standard_normal((n, self.dim), dtype=np.float32)
         signal = 1 + CAMERA_SCALE**2
         feats *= np.sqrt((signal + self.sigma**2) / (quality**2 * signal + self.sigma**2))[:, None]
-        self._cached = (index, (feats, pids, camids))
-        return self._cached[1]
+        return feats, pids, camids
 
-    def rows(self, start: int, stop: int):
-        parts = []
-        for index in range(start // self.block_rows, (stop - 1) // self.block_rows + 1):
-            b0 = index * self.block_rows
-            lo, hi = max(start, b0) - b0, min(stop, b0 + self.block_rows) - b0
-            feats, pids, camids = self.block(index)
-            parts.append((feats[lo:hi], pids[lo:hi], camids[lo:hi]))
-        if len(parts) == 1:
-            return parts[0]
-        return tuple(np.concatenate(column) for column in zip(*parts))
+
+class _Corrupted(_Blocks):
+    """A corruption-like variant of a written set (module docstring, "Variants"): per row a random
+    corruption type and severity, and the clean features perturbed accordingly."""
+
+    def __init__(self, fs, seed: int, stream: int, name: str):
+        super().__init__(fs.dim)
+        self.fs = fs
+        self.key = (seed, _VARIANT, stream, len(name), *name.encode())  # the variant's own streams
+        self.direction = _rng(*self.key, 0).standard_normal(fs.dim, dtype=np.float32)  # "shift": one per variant
+
+    def make_block(self, index: int):
+        start = index * self.block_rows
+        feats, _, _ = store_mod.read_rows(self.fs, slice(start, min(start + self.block_rows, len(self.fs))),
+                                          np.float32)
+        return corrupt(feats, _rng(*self.key, 1, index), self.direction)
+
+
+def corrupt(feats: np.ndarray, rng: np.random.Generator, direction: np.ndarray):
+    """(corrupted features, corruption types, severities) of float32 rows: each row gets a type of
+    CORRUPTIONS and a severity 1..MAX_SEVERITY, uniformly; the perturbation grows with the severity
+    and is scaled by the row's RMS, so it stays within a few times the clean values."""
+    n, dim = feats.shape
+    types = rng.integers(0, len(CORRUPTIONS), size=n).astype(np.int32)
+    severity = rng.integers(1, MAX_SEVERITY + 1, size=n).astype(np.int32)
+    noise = rng.standard_normal((n, dim), dtype=np.float32)
+    kept = rng.random((n, dim), dtype=np.float32)
+    strength = (severity / np.float32(MAX_SEVERITY)).astype(np.float32)[:, None]
+    scale = np.sqrt(np.mean(np.square(feats), axis=1, keepdims=True))  # the row's RMS
+    out = feats.copy()
+    for kind, (name, weight) in enumerate(CORRUPTIONS.items()):
+        rows = types == kind
+        x, s, r = out[rows], weight * strength[rows], scale[rows]
+        if name == "gaussian_noise":
+            x += s * r * noise[rows]
+        elif name == "dropout":  # a fraction s of the dimensions lost
+            x *= kept[rows] >= s
+        elif name == "contrast":  # values pulled towards the row's mean
+            mean = x.mean(axis=1, keepdims=True)
+            x = mean + (x - mean) * (1 - s)
+        elif name == "shift":  # every such row moved the same way (a colour cast, fog)
+            x += s * r * direction
+        else:  # "quantize": values rounded to a coarse step
+            x = np.round(x / (s * r)) * (s * r)
+        out[rows] = x
+    # back to each row's clean norm: a corrupted row is no nearer to everything (a hub in the gallery)
+    norms = np.sqrt(np.sum(np.square(out), axis=1, keepdims=True))
+    out *= np.divide(scale * np.float32(np.sqrt(dim)), norms, out=np.ones_like(norms), where=norms > 0)
+    return out, types, severity
 
 
 def check_room(path, n_query, n_gallery, dim, dtype, chunk_rows, overwrite) -> None:
@@ -360,6 +434,8 @@ def synthesize(
     overwrite: bool = False,
     progress: bool = False,
     images=None,
+    variants: str | None = None,
+    variant_trials: int = 10,
 ) -> Store:
     """Write a synthetic store at ``path`` (see the module docstring) and return it opened.
 
@@ -376,6 +452,8 @@ def synthesize(
     with a StoreError (no space left...) after removing the partial store (and the image folder it
     made); with ``overwrite``, the old store is deleted before the new one is written.  With
     ``images``, every row gets a PNG there and its path in the store, relative to the store's folder.
+    With ``variants`` ("cil-factorial" or "cil-upstream"), the preset's query and gallery variants
+    for ``variant_trials`` trials are written too, corruption-like (module docstring, "Variants").
     """
     dtype = _check_args(n_query, n_gallery, dim, n_ids, n_cams, junk_frac, distractor_frac, open_query_frac, dtype)
     if chunk_rows is None:
@@ -383,8 +461,10 @@ def synthesize(
     elif chunk_rows < 1:
         raise OptionError(f"chunk_rows must be a positive integer, got {chunk_rows!r}")
     n_open_ids = open_identity_count(n_query, n_ids, open_query_frac)
+    variant_names = _variant_names(variants, variant_trials)
     store_mod.refuse_existing(path, overwrite)
-    check_room(path, n_query, n_gallery, dim, dtype, chunk_rows, overwrite)
+    copies = {set_name: 1 + len(names) for set_name, names in variant_names.items()}  # clean + variants
+    check_room(path, n_query * copies["query"], n_gallery * copies["gallery"], dim, dtype, chunk_rows, overwrite)
     check_memory(n_query, n_gallery, dim, n_ids + n_open_ids, n_cams, chunk_rows)
     if images is not None:
         check_images_folder(images, path, n_query + n_gallery, overwrite)
@@ -431,4 +511,42 @@ def synthesize(
                 bar.update(stop)
             if paths is not None:
                 complete_paths(paths)
-        return store_mod.commit_gallery(path)
+        store = store_mod.commit_gallery(path)
+        if variants is not None:
+            _write_variants(path, store, seed, variants, variant_names, progress)
+        return store_mod.open_store(path)
+
+
+def _variant_names(variants: str | None, trials) -> dict:
+    """{set: [(name, setting, trial)]} of the preset ``variants`` (none without)."""
+    from .store.variants import preset_variant_names
+
+    if variants is None:
+        return {"query": [], "gallery": []}
+    if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or trials < 1:
+        raise OptionError(f"variant_trials must be a positive integer, got {trials!r}")
+    return preset_variant_names(variants, int(trials))
+
+
+def _write_variants(path, store: Store, seed: int, plan_name: str, names: dict, progress: bool) -> None:
+    """The corruption-like variants ``names`` of both sets, a store chunk at a time."""
+    from .store.variants import COLUMNS, write_variant_blocks
+
+    bar = _Progress(progress, sum(len(getattr(store, s)) * len(n) for s, n in names.items()), "variants")
+    done = 0
+    for set_name, stream in (("query", _QUERY), ("gallery", _GALLERY)):
+        fs = getattr(store, set_name)
+        for name, setting, trial in names[set_name]:
+            corrupted = _Corrupted(fs, seed, stream, name)
+
+            def blocks():
+                nonlocal done
+                for start in range(0, len(fs), fs.chunk_rows):
+                    stop = min(start + fs.chunk_rows, len(fs))
+                    yield dict(zip(("features", *COLUMNS), corrupted.rows(start, stop)))
+                    done += stop - start
+                    bar.update(done)
+
+            attrs = {"trial": trial, "seed": seed, "setting": setting, "plan": plan_name, "source": "synth",
+                     "corruption_names": list(CORRUPTIONS), "max_severity": MAX_SEVERITY}
+            write_variant_blocks(path, set_name, name, blocks(), columns=COLUMNS, attrs=attrs)

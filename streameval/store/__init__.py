@@ -39,13 +39,15 @@ precision in the stored dtype, ids that fit int64 and are not the reserved fill 
 
 The package is split by step: ``layout`` (schema constants, FeatureSet / Store, ``open_store``),
 ``values`` (checks before writing), ``writing`` (create, fill, append), ``reading`` (chunk reads,
-``validate_values``, ``rows_fingerprint``).  The names below are its public interface.
+``validate_values``, ``rows_fingerprint``), ``variants`` (named feature variants of a set, beside its
+features: docs/variants.md).  The names below are its public interface.
 """
 
 from .layout import (COMMITTED_ATTR, DEFAULT_CHUNK_ROWS, FEATURE_DTYPES, FIELDS, ID_FILL, METRICS, SCHEMA_VERSION, SETS,
                      FeatureSet, Store, describe, is_local_path, open_store)
 from .reading import read_field, read_ids, read_rows, rows_fingerprint, validate_values
 from .values import check_batch, check_features, check_ids, check_metric, feature_dtype, row_number
+from .variants import CLEAN, variant_attrs, variant_columns, variant_names, variant_set, write_variant
 from .writing import (append_batches, append_gallery, appendable, commit_gallery, create_store, estimated_bytes, new_store,
                       refuse_existing, write_rows, write_store)
 
@@ -54,5 +56,6 @@ __all__ = [
     "SETS", "FeatureSet", "Store", "describe", "is_local_path", "open_store", "read_field", "read_ids", "read_rows",
     "rows_fingerprint", "validate_values", "check_batch", "check_features", "check_ids", "check_metric",
     "feature_dtype", "row_number", "append_batches", "append_gallery", "appendable", "commit_gallery", "create_store",
-    "estimated_bytes", "new_store", "refuse_existing", "write_rows", "write_store",
+    "estimated_bytes", "new_store", "refuse_existing", "write_rows", "write_store", "CLEAN", "variant_attrs",
+    "variant_columns", "variant_names", "variant_set", "write_variant",
 ]

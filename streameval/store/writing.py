@@ -17,6 +17,7 @@ from .layout import (CHECKSUM_BYTES, COMMITTED_ATTR, DEFAULT_CHUNK_ROWS, FIELDS,
                      FeatureSet, Store, describe, is_local_path, open_store)
 from .paths import appended_paths, write_path_rows
 from .values import check_batch, check_metric, feature_dtype
+from .variants import appended_variants
 
 
 def refuse_existing(target, overwrite: bool) -> None:
@@ -188,30 +189,36 @@ def appendable(target) -> Store:
     return store
 
 
-def append_gallery(target, features, pids, camids, paths=None) -> Store:
+def append_gallery(target, features, pids, camids, paths=None, variants=None) -> Store:
     """Append rows to the gallery of an existing store and return the reopened store (see
-    ``append_batches``; ``paths``: the new rows' image paths, for a store holding gallery paths)."""
+    ``append_batches``; ``paths``: the new rows' image paths, for a store holding gallery paths;
+    ``variants``: the new rows of every gallery variant, {name: features} or {name: {"features",
+    "corruption_type", "severity"}}, required when the store has any)."""
     fs = appendable(target).gallery
     features, pids, camids = check_batch(features, pids, camids, "appended gallery", fs.dim, fs.features.dtype)
     step = fs.chunk_rows
     batches = ((first, features[first:first + step], pids[first:first + step], camids[first:first + step])
                for first in range(0, features.shape[0], step))
-    return append_batches(target, features.shape[0], batches, paths)
+    return append_batches(target, features.shape[0], batches, paths, variants)
 
 
-def append_batches(target, n_rows: int, batches, paths=None) -> Store:
+def append_batches(target, n_rows: int, batches, paths=None, variants=None) -> Store:
     """Append ``n_rows`` gallery rows given as ``(offset, features, pids, camids)`` batches, and
-    their image ``paths`` when the store holds gallery paths (``paths.appended_paths``).
+    their image ``paths`` when the store holds gallery paths (``paths.appended_paths``), and the
+    new rows of every gallery variant (``variants.appended_variants``: all checked first).
 
     Data first, the committed row count last: interrupted anywhere, the store still reads as it was
     (a half-written tail past the committed rows is ignored, and dropped by the next append).  An
     OSError (no space left...) becomes a StoreError saying so, after dropping the tail written so far.
     """
     appendable(target)
-    fs = open_store(target, mode="r+").gallery
+    store = open_store(target, mode="r+")
+    fs = store.gallery
     start = len(fs)
     paths_array, paths = appended_paths(fs, describe(target), paths, n_rows)
+    variant_rows = appended_variants(store, variants, n_rows)
     arrays = (fs.features, fs.pids, fs.camids) + (() if paths_array is None else (paths_array,))
+    arrays += tuple(arr for variant in variant_rows for arr in variant.arrays)
     try:
         for arr in arrays:
             arr.resize((start + n_rows,) + arr.shape[1:])
@@ -219,6 +226,8 @@ def append_batches(target, n_rows: int, batches, paths=None) -> Store:
             write_rows(fs, start + offset, features, pids, camids)
         if paths_array is not None:
             write_path_rows(paths_array, start, paths)
+        for variant in variant_rows:
+            variant.write(start)
         return commit_gallery(target)
     except OSError as exc:
         with contextlib.suppress(Exception):  # free the space the uncommitted rows took, if the disk lets us
