@@ -252,21 +252,8 @@ def session(store: Store, settings: Settings, execution: Execution, phases: Phas
     with connect(execution.cluster, store) as client:
         client = client or _active_client()
         workers = execution.workers or (sum(client.nthreads().values()) if client else os.cpu_count() or 1)
-        plan = make_plan(
-            len(store.query), len(store.gallery), store.dim, np.dtype(settings.precision).itemsize,
-            store.gallery.values.dtype.itemsize, store.gallery.chunk_rows, workers,
-            parse_bytes(execution.memory_budget), execution.query_block, execution.gallery_chunk,
-        )
-        if settings.gom is not None:
-            check_state_memory(len(store.query), settings.gom.bins + 2, workers, parse_bytes(execution.memory_budget),
-                               f"--gom-bins {settings.gom.bins}")
-        if settings.ranked is not None:
-            settings.ranked.check_memory(len(store.query), workers, parse_bytes(execution.memory_budget))
-        if settings.verification is not None:
-            from .verification import check_memory
-
-            check_memory(settings.verification, settings.n_trials, workers, parse_bytes(execution.memory_budget))
-        runner = Runner(client, plan, phases, _progress_bar(execution.progress, label))
+        runner = Runner(client, run_plan(store, settings, execution, workers), phases,
+                        _progress_bar(execution.progress, label))
         try:
             yield runner
         except BaseException:
@@ -275,6 +262,26 @@ def session(store: Store, settings: Settings, execution: Execution, phases: Phas
         runner.close(completed=True)
     if execution.cluster.distributed:
         phases.lap("closing cluster")
+
+
+def run_plan(store: Store, settings: Settings, execution: Execution, workers: int):
+    """The chunk plan of evaluating ``store``'s queries against its gallery, the per-query state
+    memory of the requested statistics checked against the budget."""
+    budget = parse_bytes(execution.memory_budget)
+    plan = make_plan(
+        len(store.query), len(store.gallery), store.dim, np.dtype(settings.precision).itemsize,
+        store.gallery.values.dtype.itemsize, store.gallery.chunk_rows, workers,
+        budget, execution.query_block, execution.gallery_chunk,
+    )
+    if settings.gom is not None:
+        check_state_memory(len(store.query), settings.gom.bins + 2, workers, budget, f"--gom-bins {settings.gom.bins}")
+    if settings.ranked is not None:
+        settings.ranked.check_memory(len(store.query), workers, budget)
+    if settings.verification is not None:
+        from .verification import check_memory
+
+        check_memory(settings.verification, settings.n_trials, workers, budget)
+    return plan
 
 
 def _progress_bar(progress, label: str) -> Bar | None:
@@ -344,6 +351,9 @@ def evaluate(
     one pass when the tail of smallest negatives fits ``tail_budget`` bytes (default 64 MiB), else
     an exact refinement in further passes (docs/verification.md).
 
+    ``query_variant``, ``gallery_variant``: evaluate these feature variants of the store's sets
+    (docs/variants.md) instead of the clean features, e.g. one evaluation of a suite.
+
     ``open_set=True``: also open-set identification, ``result.open_set`` (PROTOCOLS.md section 3.3,
     in the same pass): DIR at the FPIR targets ``fpir`` (default 0.001, 0.01, 0.1; exact decimals)
     and ranks ``dir_ranks`` (default 1, 5, 10, 20), k rounded as ``fpir_rounding`` ("round": half
@@ -359,10 +369,12 @@ def evaluate(
     ranked, selection = request(options)
     open_set = open_set_request(options)
     verification = verification_request(options)
+    variants = options.pop("query_variant", None), options.pop("gallery_variant", None)
     execution = Execution.from_options("evaluate", options)
     store = _as_store(data, storage_options)
     settings = Settings.parse(store, metric, protocol, max_rank, precision, no_gom, gom_norm, gom_bins, gom_b,
                               gom_vp, std_ddof, ranked, open_set=open_set, verification=verification, **overrides)
+    store = with_variants(store, settings.protocol, *variants)
     if len(settings.protocol.directions) == 2:
         if state is not None:
             raise OptionError("a state holds one direction: evaluate with direction='v2t' or 't2v' to save one")
@@ -391,6 +403,21 @@ def evaluate(
         phases.lap("saving state")
     return make_result(store, settings, query_state, runner, read, len(store.query) * query_state.gallery_rows, meta,
                        selection=selection, verification=verified)
+
+
+def with_variants(store: Store, protocol, query_variant: str | None, gallery_variant: str | None) -> Store:
+    """The store with the named feature variants (docs/variants.md) in place of its clean sets.
+    The names are the evaluation's sides: with direction t2v the queries are the store's gallery."""
+    if query_variant is None and gallery_variant is None:
+        return store
+    from .store.variants import CLEAN, variant_set
+
+    if len(protocol.directions) == 2:
+        raise OptionError("feature variants are evaluated one direction at a time: set direction 'v2t' or 't2v'")
+    sides = {"query": query_variant or CLEAN, "gallery": gallery_variant or CLEAN}
+    if protocol.directions == ("t2v",):
+        sides = {"query": sides["gallery"], "gallery": sides["query"]}
+    return replace(store, **{name: variant_set(store, name, variant) for name, variant in sides.items()})
 
 
 def _stored_metric(store: Store, metric) -> str:
@@ -437,12 +464,13 @@ def _both_directions(store: Store, settings: Settings, execution: Execution, pha
     return first
 
 
-def full_state(store: Store, settings: Settings, runner: Runner):
-    """Every query's state over the whole extended gallery, the bytes the graph read, the metadata."""
+def full_state(store: Store, settings: Settings, runner: Runner, meta: graph.Metadata | None = None):
+    """Every query's state over the whole extended gallery, the bytes the graph read, the metadata
+    (``meta`` if given: a stack of query variants takes the clean queries')."""
     from . import metadata
 
     parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
-    meta = metadata.build(store.query, parts, settings.rules)
+    meta = metadata.build(store.query, parts, settings.rules) if meta is None else meta
     scoring = settings.scoring(store.dim, meta)
     positives, states, dist_range = runner.compute(graph.build(store.query, parts, runner.plan, scoring, meta))
     query_state = QueryState(Positives.concat(positives), StatState.concat(states), dist_range,

@@ -144,6 +144,7 @@ def load_rows(fs: FeatureSet, rows, scoring: Scoring, meta: Metadata, part: Part
             "(precision='float64')")
     index = np.arange(rows.start, rows.stop, dtype=np.int64) if isinstance(rows, slice) else np.asarray(rows, np.int64)
     if part is None:
+        index = index % fs.period if fs.period else index  # a stack of query variants: the clean row's draws
         drawn, allowed = meta.q_bits, scoring.rules.protocol.query_cameras
     else:
         index = index + part.offset
@@ -399,6 +400,13 @@ def scoring_work(query: FeatureSet, parts: tuple, plan: Plan, n_queries: int, st
     and ``load_queries`` of each query block."""
     return sum(read_work(rows_bytes(query, b - a)) + distance_work(parts[0].fs, b - a, start, stop)
                for a, b in plan.query_ranges(n_queries))
+
+
+def positives_pass_work(query: FeatureSet, parts: tuple, plan: Plan, start: int = 0) -> int:
+    """The work of ``positives_pass`` over extended rows [start, end): each query block read, and
+    every chunk's positives task."""
+    chunk_work = sum(positives_work(part.fs, a, b) for part, a, b in gallery_chunks(plan, parts, start))
+    return sum(read_work(rows_bytes(query, b - a)) + chunk_work for a, b in plan.query_ranges(len(query)))
 
 
 def build(query: FeatureSet, parts: tuple, plan: Plan, scoring: Scoring, meta: Metadata):

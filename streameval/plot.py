@@ -14,6 +14,10 @@ One panel per kind of data, left out when no result has it, one colour per resul
 * GOM mFR against tau (open-set queries);
 * rank-1 and mAP of every trial (results with trials).
 
+A suite result (``streameval suite --json``, PROTOCOLS.md section 4.3) is drawn as a figure of its
+own (:func:`suite_figure`): mAP, mINP and R1 per setting, the mean with +- 1 std error bars and each
+trial as a dot, several suites side by side within each setting.  Suites and eval results do not mix.
+
 Reading a file checks what will be drawn (:func:`curves`), so a foreign or hand-edited JSON is one
 error line naming it; matplotlib is imported only to draw (:func:`figure`).
 """
@@ -27,12 +31,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import OptionError, StoreError, one_line
+from .suite.report import setting_order, title
 
 IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".eps", ".tif", ".tiff")
 GOM_CURVES = ("mReP", "mRP", "mVP", "mFR")
 GOM_VALUES = ("mReP_max", "tau_max", "MREP", "MFR", "tau_nz")
 MARKS_LISTED = 4  # requested FAR points written into the ROC legend; more would make it wider than the panel
 RANK_STYLES = (("-", "o"), ("--", "s"), ("-.", "^"), (":", "v"), ("-", "D"), ("--", "P"))  # DIR: (line, marker) per rank
+SUITE_PANELS = ("mAP", "mINP", "R1")  # a suite's metrics drawn, one panel each, those it has
 
 
 # --------------------------------------------------------------------------------- arguments
@@ -98,11 +104,28 @@ class Curves:
     verification: dict | None  # far, tar (curve points), marks (requested FAR, exact TAR) rows, auc
 
 
-def load(path: str, label: str) -> Curves:
-    """The curves of the result JSON at ``path`` (StoreError, naming it, when it is none)."""
+@dataclass
+class SuiteBars:
+    """What is drawn of one suite result: per setting (in :func:`setting_order`) and metric of
+    SUITE_PANELS the suite has, in percent, NaN for null: the mean, the std (null with one trial)
+    and each trial's value."""
+
+    label: str
+    title: str  # plan (note), protocol, trials, ddof: suite.report.title
+    headline: str
+    settings: list[str]
+    mean: dict  # metric -> array over settings
+    std: dict  # metric -> array over settings
+    per_trial: dict  # metric -> [array over the setting's trials, per setting]
+
+
+def load(path: str, label: str) -> Curves | SuiteBars:
+    """The curves of the result JSON at ``path``, or the bars of a suite result (StoreError, naming
+    it, when it is neither)."""
     try:
         with open(path, encoding="utf-8") as fh:
-            return curves(json.load(fh), label)
+            result = json.load(fh)
+        return suite_bars(result, label) if isinstance(result, dict) and "suite" in result else curves(result, label)
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         raise StoreError(f"'{path}' is not a streameval result JSON ({one_line(exc)})") from None
 
@@ -132,6 +155,25 @@ def curves(result: dict, label: str) -> Curves:
                                                         len(trials["per_trial"]), 100, gaps=True)
                                            for name in ("rank1", "mAP")},
         open_set=_open_set(result.get("open_set")), verification=_verification(result.get("verification")),
+    )
+
+
+def suite_bars(result: dict, label: str) -> SuiteBars:
+    """``result`` (a suite result, COMMON section 3 / PROTOCOLS.md 4.3) as :class:`SuiteBars`;
+    ValueError, KeyError or TypeError when a value is not what streameval writes."""
+    suite = result["suite"]
+    settings = suite["settings"]
+    names = setting_order(settings)
+    metrics = [m for m in SUITE_PANELS if m in suite["metrics"]]
+
+    def over_settings(stat: str, metric: str) -> np.ndarray:
+        return _array([settings[name][stat][metric] for name in names], len(names), 100, gaps=True)
+
+    return SuiteBars(
+        label=label, title=title(suite), headline=str(suite["headline_setting"]), settings=names,
+        mean={m: over_settings("mean", m) for m in metrics}, std={m: over_settings("std", m) for m in metrics},
+        per_trial={m: [_array(settings[name]["per_trial"][m], settings[name]["T"], 100, gaps=True) for name in names]
+                   for m in metrics},
     )
 
 
@@ -187,25 +229,31 @@ def _number(value) -> float | None:
 # ---------------------------------------------------------------------------------- drawing
 
 
+def plot_suite(result: dict, out: str, label: str | None = None) -> None:
+    """Draw one suite result (the dict ``streameval suite --json`` writes) into the image ``out``;
+    the legend names it ``label``, by default its plan."""
+    suite_figure([suite_bars(result, label or str(result["suite"]["plan"]))]).savefig(out, dpi=110)
+
+
 def plot_results(paths: list[str], out: str, labels: list[str]) -> None:
-    """Read every result, then draw them into the image ``out`` (its suffix picks the format)."""
-    figure([load(path, label) for path, label in zip(paths, labels)]).savefig(out, dpi=110)
+    """Read every result, then draw them into the image ``out`` (its suffix picks the format):
+    suite results as :func:`suite_figure`, eval and aggregate results as :func:`figure`."""
+    runs = [load(path, label) for path, label in zip(paths, labels)]
+    suites = [path for path, run in zip(paths, runs) if isinstance(run, SuiteBars)]
+    if suites and len(suites) < len(runs):
+        other = next(path for path in paths if path not in suites)
+        raise OptionError(f"'{suites[0]}' is a suite result and '{other}' is not: plot suite results together, "
+                          "eval results together")
+    (suite_figure if suites else figure)(runs).savefig(out, dpi=110)
 
 
 def figure(runs: list[Curves]):
     """The matplotlib Figure of ``runs``: the panels some run has data for, side by side."""
-    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
-
     panels = [draw for has_data, draw in PANELS if any(has_data(run) for run in runs)]
     if not panels:
         raise StoreError("nothing to plot: no result has a CMC (no query with positives), DIR@FPIR, ROC, "
                          "GOM curves or trials")
-    columns = len(panels) if len(panels) <= 4 else -(-len(panels) // 2)  # more than 4: two rows
-    rows = -(-len(panels) // columns)
-    fig = Figure(figsize=(5.4 * columns, 4.6 * rows), layout="constrained")
-    axes = fig.subplots(rows, columns, squeeze=False).ravel()
-    for ax in axes[len(panels):]:
-        fig.delaxes(ax)  # the second row's empty places
+    fig, axes = _grid(len(panels))
     for ax, draw in zip(axes, panels):
         draw(ax, runs)
         ax.grid(alpha=0.3)
@@ -215,6 +263,61 @@ def figure(runs: list[Curves]):
         metric, protocol = shared.pop()
         fig.suptitle(f"{metric} distance, protocol {protocol}", fontsize=10)
     return fig
+
+
+def suite_figure(runs: list[SuiteBars]):
+    """The matplotlib Figure of suite results: one panel per metric of SUITE_PANELS some run has a
+    value of, the settings along x, the runs side by side within each setting."""
+    metrics = [m for m in SUITE_PANELS if any(m in run.mean and np.isfinite(run.mean[m]).any() for run in runs)]
+    if not metrics:
+        raise StoreError(f"nothing to plot: no suite result has a value of {', '.join(SUITE_PANELS)} "
+                         "(no query with positives)")
+    settings = setting_order(name for run in runs for name in run.settings)
+    fig, axes = _grid(len(metrics))
+    for ax, metric in zip(axes, metrics):
+        _suite_panel(ax, runs, metric, settings)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(loc="best", fontsize=8)
+    titles = list(dict.fromkeys(run.title for run in runs))
+    fig.suptitle(titles[0] if len(titles) == 1 else "; ".join(f"{run.label}: {run.title}" for run in runs),
+                 fontsize=10)
+    return fig
+
+
+def _suite_panel(ax, runs: list[SuiteBars], metric: str, settings: list[str]) -> None:
+    """Per run, the mean of each setting with +- 1 std error bars (none with one trial) and each
+    trial as a small dot just right of its bar (on it, the bar would hide it), shifted so the runs
+    stand side by side within a setting."""
+    width = 0.7 / len(runs)
+    values = []
+    for i, run in enumerate(runs):
+        if metric not in run.mean:
+            continue
+        x = np.array([settings.index(name) for name in run.settings]) + (i - (len(runs) - 1) / 2) * width
+        mean, std = run.mean[metric], run.std[metric]
+        ax.errorbar(x, mean, yerr=std, fmt="o", color=_colour(i), capsize=4, label=f"{run.label}: mean +- 1 std")
+        trials = run.per_trial[metric]
+        ax.scatter(np.repeat(x + width / 6, [len(t) for t in trials]), np.concatenate(trials), s=10, color=_colour(i),
+                   alpha=0.5, linewidths=0, zorder=3, label=f"{run.label}: each trial")
+        values += [mean - std, mean + std, mean, *trials]
+    ax.set_ylim(*_limits(values, 100))
+    ax.set_xlim(-0.5, len(settings) - 0.5)
+    headlines = {run.headline for run in runs}
+    ax.set_xticks(range(len(settings)), [name + ("\n(headline)" if name in headlines else "") for name in settings])
+    ax.set(xlabel="setting", ylabel=f"{metric} (%)", title=f"{metric} per setting: mean +- 1 std over trials")
+
+
+def _grid(count: int):
+    """A Figure and its ``count`` panels (Axes), side by side; more than 4 in two rows."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
+
+    columns = count if count <= 4 else -(-count // 2)
+    rows = -(-count // columns)
+    fig = Figure(figsize=(5.4 * columns, 4.6 * rows), layout="constrained")
+    axes = fig.subplots(rows, columns, squeeze=False).ravel()
+    for ax in axes[count:]:
+        fig.delaxes(ax)  # the second row's empty places
+    return fig, axes[:count]
 
 
 def _colour(i: int) -> str:

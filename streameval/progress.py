@@ -198,14 +198,17 @@ class Bar:
         self.expected[pass_name] = self.expected.get(pass_name, 0) + work
 
     def add_graph(self, keys) -> list:
-        """Count the work of a graph about to run (replacing what was announced of its passes) and
-        return the keys that carry work.  Passes nobody announced: the bar says they were added."""
+        """Count the work of a graph about to run (taking it off what was announced of its passes:
+        a run of several graphs, a suite's, announces them all first) and return the keys that
+        carry work.  Passes nobody announced: the bar says they were added."""
         weights = {key: weight for key in keys if (weight := key_work(key)) is not None}
         added = [p for p in PASSES if p not in self.expected and any(w[0] == p for w in weights.values())]
         left = self.work_total - self.work_done
         self._rebase()
         for pass_name, work in weights.values():
-            self.expected.pop(pass_name, None)
+            left_announced = self.expected.pop(pass_name, 0) - work
+            if left_announced > 0:
+                self.expected[pass_name] = left_announced
             self.total[pass_name] = self.total.get(pass_name, 0) + work
         self.weights.update(weights)
         grown = self.work_total - self.work_done - left

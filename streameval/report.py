@@ -254,26 +254,31 @@ def columns(rows: list[Row], ranks: list[int]) -> list[Column]:
 
 def paste(rows: list[Row], ranks: list[int], fmt: str) -> str:
     """``rows`` as a Markdown, CSV or LaTeX table (``fmt``)."""
-    return {"markdown": _markdown, "csv": _csv, "latex": _latex}[fmt](rows, columns(rows, ranks))
+    return render(rows, columns(rows, ranks), fmt)
 
 
-def _markdown(rows: list[Row], cols: list[Column]) -> str:
+def render(rows: list[Row], cols: list[Column], fmt: str, first: str = "Run") -> str:
+    """``rows`` under ``cols`` as a Markdown, CSV or LaTeX table (``fmt``); ``first`` heads the labels."""
+    return {"markdown": _markdown, "csv": _csv, "latex": _latex}[fmt](rows, cols, first)
+
+
+def _markdown(rows: list[Row], cols: list[Column], first: str) -> str:
     def line(cells):
         return "| " + " | ".join(cells) + " |"
 
     def cell(value, std):
         return "n/a" if value is None else value + ("" if std is None else f" ± {std}")
 
-    lines = [line(["Run", *(c.header for c in cols)]), line([":--", *("--:" for _ in cols)])]
+    lines = [line([first, *(c.header for c in cols)]), line([":--", *("--:" for _ in cols)])]
     lines += [line([row.label.replace("|", "\\|"), *(cell(*c.cell(row)) for c in cols)]) for row in rows]
     return "\n".join(lines)
 
 
-def _csv(rows: list[Row], cols: list[Column]) -> str:
+def _csv(rows: list[Row], cols: list[Column], first: str) -> str:
     """Numbers stay numbers: a std gets its own column after its value (only when a row has one);
     null is an empty cell."""
     spread = any(row.std is not None for row in rows)
-    header = ["Run"]
+    header = [first]
     for c in cols:
         header += [c.header] + ([f"{c.name} std" + (" (%)" if c.percent else "")] if spread else [])
     buffer = io.StringIO()
@@ -288,7 +293,7 @@ def _csv(rows: list[Row], cols: list[Column]) -> str:
     return buffer.getvalue().rstrip("\n")
 
 
-def _latex(rows: list[Row], cols: list[Column]) -> str:
+def _latex(rows: list[Row], cols: list[Column], first: str) -> str:
     """A bare tabular (no package needed), text escaped; ± as $\\pm$."""
     def line(cells):
         return " & ".join(cells) + r" \\"
@@ -297,7 +302,7 @@ def _latex(rows: list[Row], cols: list[Column]) -> str:
         return "n/a" if value is None else value + ("" if std is None else rf" $\pm$ {std}")
 
     lines = [r"\begin{tabular}{l" + "r" * len(cols) + "}", r"\hline",
-             line(["Run", *(latex_escape(c.header) for c in cols)]), r"\hline"]
+             line([latex_escape(first), *(latex_escape(c.header) for c in cols)]), r"\hline"]
     lines += [line([latex_escape(row.label), *(cell(*c.cell(row)) for c in cols)]) for row in rows]
     return "\n".join(lines + [r"\hline", r"\end{tabular}"])
 

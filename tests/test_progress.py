@@ -19,7 +19,7 @@ from streameval.plan import Plan
 from streameval.progress import Bar, Reporter, key_work, pairs_work, read_work, work_key
 
 N_QUERY, N_GALLERY, DIM, CHUNK = 200, 6000, 16, 256
-LINE = re.compile(r"(streameval(?: update)?): (\d+)% (.*)")
+LINE = re.compile(r"(streameval(?: update| suite)?): (\d+)% (.*)")
 
 
 def random_rows(rng, n, scale=1.0):

@@ -23,7 +23,7 @@ def is_protocol_file(spec) -> bool:
 
 def load(path) -> Protocol:
     path = Path(path)
-    fields = _parse(path, _read(path))
+    fields = read_table_file(path)
     if not isinstance(fields, dict):
         raise OptionError(f"protocol file '{path}': the top level must be a table of fields, got {fields!r}")
     try:
@@ -33,28 +33,35 @@ def load(path) -> Protocol:
     return _table_beside(protocol, path.parent)
 
 
-def _read(path: Path) -> bytes:
+def read_table_file(path, what: str = "protocol file"):
+    """The parsed content of a .toml or .json file (protocols, suites); every problem one
+    OptionError naming ``what`` and the file."""
+    path = Path(path)
+    return _parse(path, _read(path, what), what)
+
+
+def _read(path: Path, what: str) -> bytes:
     if not is_protocol_file(path):
-        raise OptionError(f"protocol file '{path}' must end in {' or '.join(SUFFIXES)}")
+        raise OptionError(f"{what} '{path}' must end in {' or '.join(SUFFIXES)}")
     try:
         return path.read_bytes()
     except FileNotFoundError:
-        raise OptionError(f"protocol file '{path}' does not exist") from None
+        raise OptionError(f"{what} '{path}' does not exist") from None
     except OSError as exc:
-        raise OptionError(f"cannot read protocol file '{path}': {exc.strerror or exc}") from None
+        raise OptionError(f"cannot read {what} '{path}': {exc.strerror or exc}") from None
 
 
-def _parse(path: Path, data: bytes):
+def _parse(path: Path, data: bytes, what: str):
     try:
         if path.suffix.lower() == ".toml":
             return tomllib.loads(data.decode("utf-8"))  # its messages end "(at line L, column C)"
         return json.loads(data)
     except json.JSONDecodeError as exc:
-        raise OptionError(f"protocol file '{path}': {exc.msg} (at line {exc.lineno}, column {exc.colno})") from None
+        raise OptionError(f"{what} '{path}': {exc.msg} (at line {exc.lineno}, column {exc.colno})") from None
     except UnicodeDecodeError:
-        raise OptionError(f"protocol file '{path}' is not UTF-8 text") from None
+        raise OptionError(f"{what} '{path}' is not UTF-8 text") from None
     except (ValueError, RecursionError) as exc:  # tomllib.TOMLDecodeError is a ValueError; absurd nesting
-        raise OptionError(f"protocol file '{path}': {exc}") from None
+        raise OptionError(f"{what} '{path}': {exc}") from None
 
 
 def _table_beside(protocol: Protocol, folder: Path) -> Protocol:

@@ -39,6 +39,7 @@ class FeatureSet:
     camids: zarr.Array
     rows: int  # committed rows: the arrays may hold an uncommitted tail left by an interrupted append
     distances: zarr.Array | None = None  # distance stores: (queries, rows)
+    period: int = 0  # a stack of variants (``stack.stack_sets``): row i stands for row i % period
 
     def __len__(self) -> int:
         return self.rows

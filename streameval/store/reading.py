@@ -93,6 +93,8 @@ def read_field(fs: FeatureSet, field: str, rows) -> np.ndarray:
         raise StoreError(f"{fs.name} row {last} is past the {len(fs):,} committed rows")
     try:
         values = arr.oindex[(rows,) + (slice(None),) * (arr.ndim - 1)]
+    except StoreError:  # a stacked set's piece, already named (store.stack)
+        raise
     except Exception as exc:  # zarr, its codecs and the store raise many types for a damaged chunk
         raise _damaged(fs, field, rows, exc) from None
     filled = ~np.isfinite(values).all(axis=1) if field == "features" else values == ID_FILL
@@ -152,6 +154,10 @@ def rows_fingerprint(fs: FeatureSet, rows: int) -> str:
     of that chunk).  So appending rows leaves the fingerprint of the old rows as it was, and
     rewriting any of them changes it.  A missing chunk file raises StoreError.
     """
+    if fs.period:
+        from .stack import stack_fingerprint
+
+        return stack_fingerprint(fs)
     if not 0 <= rows <= len(fs):
         raise StoreError(f"cannot fingerprint {rows:,} {fs.name} rows: the set has {len(fs):,}")
     digest = hashlib.blake2b(digest_size=16)

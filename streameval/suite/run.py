@@ -1,0 +1,194 @@
+"""Running a suite (PROTOCOLS.md 4.5): one pass per gallery variant.
+
+For each gallery variant, every query variant paired with it is stacked into one query set
+(``store.stack``): each gallery chunk of that variant is read once per query block and scored
+against all of them, each stacked row with its own per-query state.  The pass's state then splits
+back by variant, and each evaluation is finalised exactly as ``evaluate`` finalises its own run,
+so its numbers are those of a separate ``eval`` of the pair.  The positives pre-pass runs per
+stacked row (per evaluation); the protocol's metadata (trial draws, sgs identities) is built once,
+from the clean rows, whose ids every variant shares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from .. import graph
+from ..errors import OptionError
+from ..evaluate import Execution, Settings, _as_store, full_state, make_result, oriented, run_plan, session
+from ..progress import Phases
+from ..state import QueryState
+from ..store import Store
+from .plan import Suite
+from .summary import suite_section
+
+
+@dataclass
+class SuiteResult:
+    """The evaluations' results (in the plan's order) and the suite's summaries."""
+
+    suite: Suite
+    results: list  # metrics.Result per evaluation of suite.evaluations
+    execution: dict
+    breakdown_types: dict = field(default_factory=dict)  # query variant -> its corruption types (or None)
+    run: dict = field(default_factory=dict)
+
+    def to_dict(self, per_query: bool = False) -> dict:
+        return {"suite": suite_section(self.suite, self.results, self.execution, self.breakdown_types, per_query),
+                "run": self.run}
+
+
+def run_suite(data, suite: Suite | str, *, storage_options: dict | None = None, state=None,
+              overwrite_state: bool = False, **options) -> SuiteResult:
+    """Evaluate every (query variant, gallery variant) pair of ``suite`` (a preset name, a suite
+    file, or ``load_suite``'s Suite with overrides) on the store ``data`` (a path, URL or Store),
+    grouped by gallery variant; the keywords are ``evaluate``'s execution keywords.  ``state``:
+    also save the suite's per-query states there, for ``update_suite``."""
+    phases = Phases()
+    if isinstance(suite, str):
+        from .plan import load_suite
+
+        suite = load_suite(suite)
+    execution = Execution.from_options("run_suite", options)
+    store = _as_store(data, storage_options)
+    settings = suite_settings(store, suite)
+    base = oriented(store, settings.protocol)
+    groups = [((g, variant_side(store, settings, "gallery", g)), [(q, variant_side(store, settings, "query", q))
+                                                                  for q in qs])
+              for g, qs in suite.groups()]  # every variant opened (and checked) before any work
+    if state is not None:
+        from .state import check_state_target
+
+        check_state_target(state, overwrite_state, settings)
+    meta = _metadata(base, settings)
+    by_pair, passes = {}, 0
+    views = [stacked_view(base, gallery, queries) for gallery, queries in groups]
+    with session(views[0], settings, execution, phases, label="streameval suite") as runner:
+        plans = [run_plan(view, settings, execution, runner.plan.workers) for view in views]
+        announce(runner, views, plans)
+        for (gallery, queries), view, plan in zip(groups, views, plans):
+            runner.plan = plan
+            query_state, read, _ = full_state(view, settings, runner, meta)
+            passes += len(runner.plan.query_ranges(len(view.query)))
+            by_pair.update(split_results(base, settings, runner, gallery, queries, query_state, read, meta))
+            if state is not None:
+                from .state import save_group
+
+                save_group(state, view, settings, query_state, gallery[0])
+    if state is not None:
+        from .state import finish_state
+
+        finish_state(state, suite)
+        phases.lap("saving state")
+    return _suite_result(store, settings, suite, by_pair, passes, phases)
+
+
+def announce(runner, views: list, plans: list) -> None:
+    """Tell the progress bar every pass's work up front: one bar (and ETA) for the whole suite."""
+    for view, plan in zip(views, plans):
+        parts = graph.gallery_parts(view.query, view.gallery, False)
+        runner.expect("positives", graph.positives_pass_work(view.query, parts, plan))
+        runner.expect("scoring", graph.scoring_work(view.query, parts, plan, len(view.query), 0,
+                                                    graph.extended_rows(parts)))
+
+
+def suite_settings(store: Store, suite: Suite) -> Settings:
+    """The suite's options as Settings, refusing what a stacked pass cannot give per evaluation."""
+    from ..openset import request as open_set_request
+    from ..ranked import request as ranked_request
+    from ..verification import request as verification_request
+
+    options = dict(suite.options)  # the requests below take their keywords out of it, as evaluate's do
+    ranked, _ = ranked_request(options)
+    requests = {"ranked": ranked, "open_set": open_set_request(options), "verification": verification_request(options)}
+    try:
+        settings = Settings.parse(store, **options, **requests)
+    except TypeError as exc:  # an option evaluate does not know
+        raise OptionError(f"suite '{suite.plan}': {exc}") from None
+    refusals = {
+        "a distance store holds one query x gallery matrix, not feature variants": store.holds_distances,
+        "ranked lists are per evaluation files: evaluate the pair with 'streameval eval' for them":
+            settings.ranked is not None,
+        "pair-level verification pools all pairs of an evaluation: evaluate the pair with 'streameval eval "
+        "--verification'": settings.verification is not None,
+        "minmax GOM normalisation spans all pairs of an evaluation: use gom_norm 'fixed:LO:HI' or 'none'":
+            settings.minmax,
+        "a protocol with two directions: set direction 'v2t' or 't2v'": len(settings.protocol.directions) == 2,
+        "a protocol whose gallery includes the queries' copies (which variant would they be?)":
+            settings.protocol.gallery_includes_queries,
+    }
+    for reason, refused in refusals.items():
+        if refused:
+            raise OptionError(f"suite '{suite.plan}' cannot run: {reason}")
+    return settings
+
+
+def variant_side(store: Store, settings: Settings, side: str, name: str):
+    """The FeatureSet of variant ``name`` on the evaluation's ``side`` ("query" or "gallery"): with
+    direction t2v the store's gallery set is the query side."""
+    from ..store.variants import variant_set
+
+    swapped = settings.protocol.directions == ("t2v",)
+    set_name = {"query": "gallery", "gallery": "query"}[side] if swapped else side
+    return variant_set(store, set_name, name)
+
+
+def stacked_view(base: Store, gallery: tuple, queries: list) -> Store:
+    """The store as one pass sees it: the query variants stacked, the gallery variant (each a
+    (name, FeatureSet) pair)."""
+    from ..store.stack import stack_sets
+
+    sets = [fs for _, fs in queries]
+    query = sets[0] if len(sets) == 1 else stack_sets(sets, f"{len(sets)} stacked query variants")
+    return replace(base, query=query, gallery=gallery[1])
+
+
+def _metadata(base: Store, settings: Settings) -> graph.Metadata:
+    """The protocol's metadata from the clean rows (the variants share their ids)."""
+    from .. import metadata
+
+    parts = graph.gallery_parts(base.query, base.gallery, settings.protocol.gallery_includes_queries)
+    return metadata.build(base.query, parts, settings.rules)
+
+
+def split_results(base: Store, settings: Settings, runner, gallery: tuple, queries: list, state: QueryState,
+                  read: int, meta) -> dict:
+    """{(query variant, gallery variant): Result} of one stacked pass: each variant's rows of the
+    state, finalised as ``evaluate`` does (the pass's bytes shared out evenly)."""
+    n = len(queries[0][1])
+    out = {}
+    for j, (name, query) in enumerate(queries):
+        rows = np.arange(j * n, (j + 1) * n)
+        positives = state.positives.take(rows)
+        own = QueryState(positives, state.stats.take(state.positives.offsets, rows), state.dist_range,
+                         state.gallery_rows)
+        view = replace(base, query=query, gallery=gallery[1])
+        out[(name, gallery[0])] = make_result(view, settings, own, runner, read // len(queries),
+                                                      n * state.gallery_rows, meta)
+    return out
+
+
+def _suite_result(store: Store, settings: Settings, suite: Suite, by_pair: dict, passes: int,
+                  phases: Phases) -> SuiteResult:
+    from ..metrics import run_timing
+
+    results = [by_pair[(ev.query, ev.gallery)] for ev in suite.evaluations]
+    gemms = len(by_pair)
+    execution = {"evaluations": len(suite.evaluations), "gallery_variants": len(suite.groups()),
+                 "gallery_passes": passes, "gemms": gemms}
+    pairs = sum(r.n_queries * r.n_gallery for r in by_pair.values())
+    types = {ev.query: _query_types(store, settings, ev.query) for ev in suite.evaluations if ev.setting == "query"}
+    return SuiteResult(suite, results, execution, types, run_timing(dict(phases.seconds), pairs))
+
+
+def _query_types(store: Store, settings: Settings, name: str):
+    """The query variant's per-row corruption types, or None (clean, or none recorded)."""
+    from ..store.variants import CLEAN, variant_columns
+
+    if name == CLEAN:
+        return None
+    swapped = settings.protocol.directions == ("t2v",)
+    return variant_columns(store, "gallery" if swapped else "query", name)["corruption_type"]
+

@@ -1,0 +1,116 @@
+"""A suite's saved state, for incremental updates (PROTOCOLS.md 4.5: appends go to every gallery
+variant; a suite's saved state updates like any state).
+
+Layout: ``DIR/suite.json`` (the suite's record: plan, options, evaluations) and one ordinary state
+per gallery variant, ``DIR/gallery-<variant>/`` (``statestore``), holding the stacked pass's
+per-query state.  ``update_suite`` extends each of them by the appended rows exactly as
+``streameval update`` extends one state (``incremental.extend``), then finalises every evaluation.
+Each group's state is replaced atomically; an update interrupted between groups leaves the updated
+ones current, and the next update finds nothing left to add to them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+
+from .. import graph
+from ..statestore import StateError
+from ..evaluate import Execution, _as_store, session
+from ..outputs import check_directory, check_folder, write_text
+from ..progress import Phases
+from .plan import Suite
+from .run import SuiteResult, _metadata, _suite_result, split_results, stacked_view, suite_settings, variant_side
+
+RECORD = "suite.json"
+GROUP_PREFIX = "gallery-"
+
+
+def check_state_target(path, overwrite: bool, settings) -> None:
+    """Before any work: a suite state can be written at ``path`` (absent, empty, or a suite state
+    replaced with ``overwrite``) for a protocol whose counts survive appends."""
+    from ..statestore import check_updatable
+
+    check_updatable(settings)
+    check_folder(path, "suite state directory")
+    path = os.fspath(path)
+    if not os.path.lexists(path) or (os.path.isdir(path) and not os.listdir(path)):
+        return
+    if not _is_suite_state(path):
+        raise StateError(f"'{path}' exists and is not a streameval suite state; choose another --state path")
+    check_directory(path, overwrite, "suite state")
+
+
+def _is_suite_state(path: str) -> bool:
+    return os.path.isdir(path) and all(name == RECORD or name.startswith(GROUP_PREFIX) for name in os.listdir(path))
+
+
+def group_folder(path, gallery_variant: str) -> str:
+    return os.path.join(os.fspath(path), GROUP_PREFIX + gallery_variant)
+
+
+def save_group(path, view, settings, query_state, gallery_variant: str, query_hash: str | None = None) -> None:
+    from ..statestore import save_state
+
+    save_state(group_folder(path, gallery_variant), view, settings, query_state, query_hash)
+
+
+def finish_state(path, suite: Suite) -> None:
+    """The suite's record, written last: a state without it is not a suite state yet."""
+    write_text(os.path.join(os.fspath(path), RECORD), json.dumps(suite.record(), indent=1) + "\n", "suite state record")
+
+
+def load_suite_record(path) -> Suite:
+    record_path = os.path.join(os.fspath(path), RECORD)
+    try:
+        with open(record_path, encoding="utf-8") as fh:
+            return Suite.from_record(json.load(fh))
+    except FileNotFoundError:
+        raise StateError(f"'{os.fspath(path)}' is not a suite state (no {RECORD}); run 'streameval suite --state' "
+                         "first") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise StateError(f"the suite state at '{os.fspath(path)}' is damaged ({RECORD}: {exc})") from None
+
+
+def update_suite(data, state, *, storage_options: dict | None = None, **options) -> SuiteResult:
+    """Extend the suite state at ``state`` to every committed gallery row of the store ``data``
+    (rows appended to every gallery variant) and return the suite's result, equal to a full
+    ``run_suite``; the keywords are ``evaluate``'s execution keywords."""
+    from ..incremental import extend
+    from ..statestore import check_matches, load_state
+    from ..statistics import StatState
+
+    phases = Phases()
+    execution = Execution.from_options("update_suite", options)
+    store = _as_store(data, storage_options)
+    suite = load_suite_record(state)
+    settings = suite_settings(store, suite)
+    from ..evaluate import oriented
+
+    base = oriented(store, settings.protocol)
+    meta = _metadata(base, settings)
+    groups = [((g, variant_side(store, settings, "gallery", g)), [(q, variant_side(store, settings, "query", q))
+                                                                  for q in qs]) for g, qs in suite.groups()]
+    saved = {g: load_state(group_folder(state, g)) for (g, _), _ in groups}
+    by_pair, passes, facts = {}, 0, {}
+    with session(stacked_view(base, *groups[0]), settings, execution, phases,
+                 label="streameval suite update") as runner:
+        for gallery, queries in groups:
+            view = stacked_view(base, gallery, queries)
+            query_hash = check_matches(saved[gallery[0]], view, settings)
+            old = saved[gallery[0]].query_state
+            old = replace(old, stats=StatState(settings.statistics(meta, view.dim), old.stats.arrays))
+            parts = graph.gallery_parts(view.query, view.gallery, False)
+            new = old
+            if graph.extended_rows(parts) != old.gallery_rows:
+                from ..evaluate import run_plan
+
+                runner.plan = run_plan(view, settings, execution, runner.plan.workers)
+                new, facts[gallery[0]], _, _ = extend(view, settings, runner, old, parts, meta)
+                passes += len(runner.plan.query_ranges(len(view.query)))
+                save_group(state, view, settings, new, gallery[0], query_hash)
+            by_pair.update(split_results(base, settings, runner, gallery, queries, new, 0, meta))
+    result = _suite_result(store, settings, suite, by_pair, passes, phases)
+    result.execution["update"] = facts
+    return result

@@ -1,0 +1,85 @@
+"""A suite's report section (PROTOCOLS.md 4.3-4.4): each evaluation's headline values, per setting
+the per-trial values with their spread (``spread.spread``: mean, std with ``std_ddof``, sem, min, max), the headline setting, and the
+query-side breakdown by corruption type."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..spread import spread
+from .plan import SETTINGS, Suite
+
+RANKS = (1, 5, 10)  # upstream's columns: mINP, mAP, R1, R5, R10
+GOM_SUMMARIES = ("mReP_max", "MREP", "MFR")  # the scalar summaries (mReP, mFR are curves over tau)
+BREAKDOWN_METRICS = ("mINP", "mAP", "R1")
+
+
+def values_of(result) -> dict:
+    """An evaluation's headline numbers: mINP, mAP (both AP flavours), CMC at upstream's ranks
+    (those within max_rank) and the GOM summaries when GOM was computed."""
+    values = {"mINP": result.mINP, "mAP": result.mAP, "mAP_trapezoid": result.mAP_trapezoid}
+    values.update({f"R{k}": result.rank(k) for k in RANKS if k <= result.max_rank})
+    if result.gom is not None:
+        values.update({f"gom.{name}": result.gom.get(name) for name in GOM_SUMMARIES})
+    return {name: None if value is None else float(value) for name, value in values.items()}
+
+
+def setting_summaries(suite: Suite, values: list[dict], names: list[str]) -> dict:
+    """Per setting (report order): T, per-trial values and their spread, metric by metric."""
+    order = [s for s in SETTINGS if any(ev.setting == s for ev in suite.evaluations)]
+    order += sorted({ev.setting for ev in suite.evaluations} - set(order))
+    out = {}
+    for setting in order:
+        members = sorted((ev.trial if ev.trial is not None else -1, i) for i, ev in enumerate(suite.evaluations)
+                         if ev.setting == setting)
+        per_trial = {name: [values[i][name] for _, i in members] for name in names}
+        spreads = {name: spread(per_trial[name], suite.std_ddof) for name in names}
+        out[setting] = {"T": len(members), "trials": [t if t >= 0 else None for t, _ in members],
+                        "per_trial": per_trial,
+                        **{stat: {name: spreads[name][stat] for name in names}
+                           for stat in ("mean", "std", "sem", "min", "max")}}
+    return out
+
+
+def query_breakdown(suite: Suite, results: list, types: dict) -> dict | None:
+    """Query side (4.4): the metrics over the valid queries of each corruption type, pooled over the
+    ``query`` setting's evaluations; None without recorded types (or with protocol trials, whose
+    per-query values are per trial)."""
+    picked = [(ev, r) for ev, r in zip(suite.evaluations, results)
+              if ev.setting == "query" and types.get(ev.query) is not None and np.ndim(r.per_query["ap"]) == 1]
+    if not picked:
+        return None
+    pooled = {key: [] for key in ("type", "ap", "inp", "rank")}
+    for ev, r in picked:
+        valid = r.per_query["n_positives"] > 0
+        pooled["type"].append(np.asarray(types[ev.query])[valid])
+        pooled["ap"].append(r.per_query["ap"][valid])
+        pooled["inp"].append(r.per_query["inp"][valid])
+        pooled["rank"].append(r.per_query["first_hit_rank"][valid])
+    kind, ap, inp, rank = (np.concatenate(pooled[key]) for key in ("type", "ap", "inp", "rank"))
+    by_type = {}
+    for c in np.unique(kind):
+        at = kind == c
+        by_type[str(int(c))] = {"n": int(at.sum()), "mINP": float(inp[at].mean()), "mAP": float(ap[at].mean()),
+                                "R1": float((rank[at] <= 1).mean())}
+    return {"query": {"by_type": by_type, "evaluations": [ev.name for ev, _ in picked]}}
+
+
+def suite_section(suite: Suite, results: list, execution: dict, types: dict, per_query: bool = False) -> dict:
+    """The JSON ``suite`` section (PROTOCOLS.md 4.3; docs/suites.md)."""
+    values = [values_of(r) for r in results]
+    names = list(values[0])
+    settings = setting_summaries(suite, values, names)
+    headline = settings.get(suite.headline_setting)
+    protocol = results[0].protocol_record or {"name": results[0].protocol}
+    return {
+        "plan": suite.plan, "note": suite.note, "protocol": protocol.get("name"), "trials": suite.trials,
+        "std_ddof": suite.std_ddof, "headline_setting": suite.headline_setting, "metrics": names,
+        "evaluations": [{**ev.record(), "values": v, "result": r.to_dict(per_query=per_query)}
+                        for ev, v, r in zip(suite.evaluations, values, results)],
+        "settings": settings,
+        "headline": None if headline is None else {"setting": suite.headline_setting, "mean": headline["mean"],
+                                                   "std": headline["std"]},
+        "breakdown": query_breakdown(suite, results, types),
+        "execution": execution,
+    }
