@@ -190,6 +190,17 @@ def distance_window(d, qn, gn, metric, c_dot):
     return w + 4.0 * U64 * d
 
 
+@_inline
+def reach_distance(d, qn, gn_max, metric, c_dot):
+    """A fast distance beyond which no row (norm at most ``gn_max``) of a query of norm ``qn`` has
+    a canonical distance at or below ``d``: ``d`` plus the window at ``d``, plus 8 units in the last
+    place.  A row at fast distance d' > d has a window no wider, but for the rounding term 4u d'
+    that the margin covers.  (The window at distance 0 is far wider for euclidean distances: the
+    square root of the squared distance's error.)"""
+    x = d + distance_window(d, qn, gn_max, metric, c_dot)
+    return x + 8.0 * U64 * abs(x)
+
+
 @_jit
 def row_terms(x, metric):
     """Per-row float64 term: the squared norm (euclidean metrics) or the norm (cosine).

@@ -189,3 +189,22 @@ def test_clipping_of_real_valued_features_is_identical_for_any_chunking():
     np.testing.assert_allclose([clipped["observed_min"], clipped["observed_max"]], [dist.min(), dist.max()], rtol=1e-12)
     want = reference_clipping(problem, "euclidean", lo, hi)
     assert abs(clipped["below"] - want["below"]) + abs(clipped["above"] - want["above"]) <= 2  # float32 near LO, HI
+
+
+@pytest.mark.parametrize("metric", ["sqeuclidean", "euclidean", "cosine", "distance"])
+def test_no_row_past_the_reach_of_a_distance_can_be_at_or_below_it(metric):
+    """``kernels.reach_distance``: a row whose fast distance d' exceeds the reach of d has its
+    canonical distance above d, whatever the row's norm (up to the chunk's widest), since the
+    canonical distance is at least d' - distance_window(d')."""
+    from streameval import kernels
+
+    code = kernels.METRIC_CODES[metric]
+    rng = np.random.default_rng(5)
+    c_dot = kernels.dot_error_bound(2048, "float32")
+    for _ in range(2000):
+        d = float(rng.uniform(-50, 50)) if metric == "distance" else float(rng.choice([0.0, rng.uniform(0, 300)]))
+        qn, gn_max = (float(v) for v in rng.uniform(0.01, 120, 2))
+        limit = kernels.reach_distance(d, qn, gn_max, code, c_dot)
+        for d_next in (np.nextafter(limit, np.inf), limit + abs(limit) * 1e-9 + 1e-300, limit + abs(limit) + 1.0):
+            for gn in (gn_max, gn_max * float(rng.uniform(0, 1))):
+                assert d_next - kernels.distance_window(d_next, qn, gn, code, c_dot) > d, (metric, d, qn, gn)

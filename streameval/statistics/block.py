@@ -60,10 +60,10 @@ def kept_negative(blk, i, j):
 
 @_inline
 def reach(blk, i, d):
-    """A fast distance beyond which no row of query i can come before an item at distance ``d``:
-    ``d`` plus the widest window of the row (the one at distance 0)."""
+    """A fast distance beyond which no row of the chunk can come before an item at distance ``d``
+    for query i (``kernels.reach_distance``, with the chunk's widest row)."""
     gn_max = blk.gn.max() if blk.gn.shape[0] else 0.0
-    return d + kernels.distance_window(0.0, blk.qn[i], gn_max, blk.metric, blk.c_dot)
+    return kernels.reach_distance(d, blk.qn[i], gn_max, blk.metric, blk.c_dot)
 
 
 @_inline
