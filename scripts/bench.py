@@ -73,6 +73,8 @@ import tempfile
 import time
 from collections import defaultdict
 
+from bench_suite import SUITE_CHILDREN, SUITE_METHODS, SUITE_SIZE, run_child_method, run_suite_mode
+
 METHODS = ("streameval", "se-fixed", "se-closed", "se-osv", "se-all", "floor", "update", "classic", "process")
 VARIANTS = ("streameval", "se-fixed", "se-closed", "se-osv", "se-all")
 UPDATE_VARIANTS = VARIANTS[:3]  # update is timed for the closed-set and GOM options
@@ -137,8 +139,12 @@ def parse_args(argv=None):
                    help="protocol mode (issue 11): at size %s by default, methods %s: market, cuhk03-sgs with "
                         "--trials repeats and a SYSU-like run of --trials trials, streameval vs the classic "
                         "full-matrix implementations, and the cost ratios" % (PROTOCOL_SIZE, ",".join(PROTOCOL_METHODS)))
+    p.add_argument("--suite", choices=("cil-factorial", "cil-upstream"), default=None,
+                   help="suite mode (issue 14): at size %s by default, methods %s: a CIL-ReID suite of 1 + 3T "
+                        "evaluations against one clean evaluation, the same evaluations run separately, the bare "
+                        "GEMM, and the command-line processes (scripts/bench_suite.py)" % (SUITE_SIZE, ",".join(SUITE_METHODS)))
     p.add_argument("--trials", type=int, default=10,
-                   help="--protocols: sgs repeats and SYSU-like trials (default: 10)")
+                   help="--protocols: sgs repeats and SYSU-like trials; --suite: corruption trials (default: 10)")
     p.add_argument("--classic-budget", type=float, default=600.0,
                    help="--protocols: seconds a classic Python loop (classic-cuhk03, classic-sysu) may run; "
                         "beyond it the loop stops and its time is extrapolated linearly (default: 600)")
@@ -163,13 +169,18 @@ def parse_args(argv=None):
                    help="where stores are created and reused (default: %(default)s)")
     p.add_argument("--json", metavar="OUT", default=None, help="also write the results as JSON to OUT")
     # internal: one method in a child process
-    p.add_argument("--_run", choices=[m for m in METHODS if m != "process"] + ["classic-process", *PROTOCOL_CHILDREN],
+    p.add_argument("--_run", choices=[m for m in METHODS if m != "process"] + ["classic-process", *PROTOCOL_CHILDREN,
+                                                                              *SUITE_CHILDREN],
                    help=argparse.SUPPRESS)
     p.add_argument("--_store", help=argparse.SUPPRESS)
     p.add_argument("--_out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args._run is None:
-        known = PROTOCOL_METHODS if args.protocols else METHODS
+        known = PROTOCOL_METHODS if args.protocols else SUITE_METHODS if args.suite else METHODS
+        if args.suite:
+            if args.protocols or args.scaling:
+                p.error("--suite, --protocols and --scaling are separate modes: choose one")
+            args.size = args.size or [SUITE_SIZE]
         if args.protocols:
             if args.scaling:
                 p.error("--protocols and --scaling are separate modes: choose one")
@@ -912,7 +923,7 @@ def child_main(args) -> int:
     runners = {"floor": run_floor, "classic": run_classic, "update": run_update,
                "se-cuhk03": run_streameval, "se-sysu": run_streameval,
                "classic-cuhk03": run_classic_protocol, "classic-sysu": run_classic_protocol,
-               **{variant: run_streameval for variant in VARIANTS}}
+               **{variant: run_streameval for variant in VARIANTS}, **dict.fromkeys(SUITE_CHILDREN, run_child_method)}
     out = runners[args._run](args)
     out["child_total_s"] = time.perf_counter() - t0
     with open(args._out, "w") as fh:
@@ -1007,6 +1018,7 @@ def store_params(args, size) -> dict:
         "n_query": nq, "n_gallery": ng, "dim": dim, "n_ids": ids, "n_cams": args.cams, "seed": args.seed,
         "junk_frac": args.junk_frac, "distractor_frac": args.distractor_frac,
         "open_query_frac": args.open_query_frac, "dtype": args.dtype, "chunk_rows": args.chunk_rows,
+        **({"variants": args.suite, "variant_trials": args.trials} if getattr(args, "suite", None) else {}),
     }
 
 
@@ -1018,6 +1030,8 @@ def store_name(params: dict) -> str:
             name += f"_{tag}{params[key]:g}"
     if params["chunk_rows"]:
         name += f"_rows{params['chunk_rows']}"
+    if params.get("variants"):
+        name += f"_{params['variants']}{params['variant_trials']}"
     return name + ".zarr"
 
 
@@ -1071,7 +1085,7 @@ def run_child(args, method: str, store_path: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--_run", method, "--_store", store_path, "--_out", out_path,
            "--metric", args.metric, "--repeat", str(args.repeat), "--update-frac", str(args.update_frac),
            "--seed", str(args.seed), "--trials", str(args.trials), "--classic-budget", str(args.classic_budget),
-           "--classic-sort-threads", str(args.classic_sort_threads)]
+           "--classic-sort-threads", str(args.classic_sort_threads), *(["--suite", args.suite] if args.suite else [])]
     t = time.perf_counter()
     busy0, cpu0 = _cpu_busy_s(), _children_cpu_s()
     try:
@@ -1493,6 +1507,10 @@ def main(argv=None) -> int:
         mb = warm_page_cache(path)
         how += f", {mb:.0f} MB read once to warm the page cache"
         results = {}
+        if args.suite:
+            out["sizes"].append(run_suite_mode(args, size, path, how))
+            sys.stdout.flush()
+            continue
         if args.protocols:
             for name in args.methods:
                 results[name] = run_child(args, PROTOCOL_METHODS[name], path)
@@ -1503,7 +1521,7 @@ def main(argv=None) -> int:
             results[method] = run_processes(args, path) if method == "process" else run_child(args, method, path)
         out["sizes"].append(report_size(size, path, how, results, args))
         sys.stdout.flush()
-    if len(out["sizes"]) > 1 and not args.protocols:
+    if len(out["sizes"]) > 1 and not (args.protocols or args.suite):
         print_scaling(out["sizes"])
     if args.json:
         with open(args.json, "w") as fh:

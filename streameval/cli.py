@@ -720,13 +720,16 @@ _suite_output_options = _options(
                       "R1, R5, R10 in percent as mean (std) per setting, as the CIL-ReID paper prints them."),
     click.option("--per-evaluation", is_flag=True,
                  help="Also print one row per evaluation (setting, trial, variants), upstream's column order."),
+    click.option("--by-severity", is_flag=True,
+                 help="Print the query-side breakdown per (corruption type, severity) too, not only per type "
+                      "(the JSON holds both)."),
     click.option("--plot", "plot_path", type=click.Path(), default=None, metavar="PNG",
                  help="Also draw each metric per setting with error bars (std) to this image."),
     click.option("--overwrite", is_flag=True, help="Replace an existing --json, --plot or --state output."),
 )
 
 
-def _finish_suite(result, json_path, per_query, quiet, summary_format, per_evaluation, plot_path) -> None:
+def _finish_suite(result, json_path, per_query, quiet, summary_format, per_evaluation, by_severity, plot_path) -> None:
     """Write the suite's JSON and plot, then print its table (to stderr when the JSON goes to stdout)."""
     from .suite.report import breakdown_table, per_evaluation_table, suite_table, summary_lines
 
@@ -743,7 +746,10 @@ def _finish_suite(result, json_path, per_query, quiet, summary_format, per_evalu
             click.echo(line, err=True)
         tables = [suite_table(suite, summary_format)]
         if suite["breakdown"] is not None:
-            tables.append(breakdown_table(suite, summary_format))
+            shown = suite if by_severity else {**suite, "breakdown": {side: {key: value for key, value in found.items()
+                                                                          if key != "by_type_severity"}
+                                                                    for side, found in suite["breakdown"].items()}}
+            tables.append(breakdown_table(shown, summary_format))
         if per_evaluation:
             tables.append(per_evaluation_table(suite, summary_format))
         click.echo("\n\n".join(tables), err=err)  # a blank line between tables, csv ones included
@@ -776,8 +782,8 @@ def _finish_suite(result, json_path, per_query, quiet, summary_format, per_evalu
               help="Also save the suite's per-query states here, for 'streameval suite-update' after appends.")
 @_execution_options
 @_suite_output_options
-def suite_cmd(store, suite, json_path, per_query, quiet, summary_format, per_evaluation, plot_path, overwrite, state,
-              trials, headline_setting, std_ddof, **options):
+def suite_cmd(store, suite, json_path, per_query, quiet, summary_format, per_evaluation, by_severity, plot_path,
+              overwrite, state, trials, headline_setting, std_ddof, **options):
     """Evaluate a feature-variant suite: clean, corrupted query, corrupted gallery and both, over
     trials (CIL-ReID, PROTOCOLS.md section 4), in one pass per gallery variant.
 
@@ -799,7 +805,7 @@ def suite_cmd(store, suite, json_path, per_query, quiet, summary_format, per_eva
                                                            "direction", "gom_norm", "gom_bins", "open_set", "no_gom")
                          if key in options})
     result = run_suite(store, plan, progress=not quiet, state=state, overwrite_state=overwrite, **options)
-    _finish_suite(result, json_path, per_query, quiet, summary_format, per_evaluation, plot_path)
+    _finish_suite(result, json_path, per_query, quiet, summary_format, per_evaluation, by_severity, plot_path)
 
 
 @main.command("suite-update")
@@ -808,8 +814,8 @@ def suite_cmd(store, suite, json_path, per_query, quiet, summary_format, per_eva
               help="The suite state saved by 'streameval suite --state' (or a previous suite-update).")
 @_execution_options
 @_suite_output_options
-def suite_update_cmd(store, state, json_path, per_query, quiet, summary_format, per_evaluation, plot_path, overwrite,
-                     **options):
+def suite_update_cmd(store, state, json_path, per_query, quiet, summary_format, per_evaluation, by_severity, plot_path,
+                     overwrite, **options):
     """Score only the gallery rows appended to every gallery variant of STORE since the suite's
     --state was saved, and report the suite (equal to a full 'streameval suite')."""
     for path, what in ((json_path, "--json file"), (plot_path, "--plot image")):
@@ -817,7 +823,7 @@ def suite_update_cmd(store, state, json_path, per_query, quiet, summary_format, 
     from .suite.state import update_suite
 
     result = update_suite(store, state, progress=not quiet, **options)
-    _finish_suite(result, json_path, per_query, quiet, summary_format, per_evaluation, plot_path)
+    _finish_suite(result, json_path, per_query, quiet, summary_format, per_evaluation, by_severity, plot_path)
 
 
 @main.command("protocols")

@@ -163,22 +163,24 @@ def test_v8_spread_and_query_breakdown(store):
     assert spread([0.30, 0.28, 0.26], 0)["std"] == pytest.approx(0.0163, abs=5e-5)
     assert spread([0.5], 1)["std"] is None
     result = run_suite(store, load_suite("cil-factorial", trials=TRIALS))
-    breakdown = result.to_dict()["suite"]["breakdown"]["query"]["by_type"]
+    breakdown = result.to_dict()["suite"]["breakdown"]["query"]
     opened = streameval.open_store(store)
     from streameval.store.variants import variant_columns
 
-    pooled = {}
+    by_type, by_both = {}, {}
     for ev, r in zip(result.suite.evaluations, result.results):
         if ev.setting != "query":
             continue
-        kind = variant_columns(opened, "query", ev.query)["corruption_type"]
+        columns = variant_columns(opened, "query", ev.query)
         for q in np.flatnonzero(r.per_query["n_positives"] > 0):
-            pooled.setdefault(str(kind[q]), []).append((r.per_query["ap"][q], r.per_query["inp"][q],
-                                                        r.per_query["first_hit_rank"][q]))
-    assert set(breakdown) == set(pooled)
-    for kind, rows in pooled.items():
-        ap, inp, rank = np.array(rows).T
-        assert breakdown[kind] == {"n": len(rows), "mINP": inp.mean(), "mAP": ap.mean(), "R1": (rank <= 1).mean()}
+            values = (r.per_query["ap"][q], r.per_query["inp"][q], r.per_query["first_hit_rank"][q])
+            by_type.setdefault(str(columns["corruption_type"][q]), []).append(values)
+            by_both.setdefault(f"{columns['corruption_type'][q]}/{columns['severity'][q]}", []).append(values)
+    for expected, got in ((by_type, breakdown["by_type"]), (by_both, breakdown["by_type_severity"])):
+        assert set(got) == set(expected)
+        for key, rows in expected.items():
+            ap, inp, rank = np.array(rows).T
+            assert got[key] == {"n": len(rows), "mINP": inp.mean(), "mAP": ap.mean(), "R1": (rank <= 1).mean()}
 
 
 def test_plans_presets_and_files(tmp_path):
@@ -251,6 +253,9 @@ def test_the_command_line_end_to_end(store, tmp_path):
     alone = streameval.evaluate(store, query_variant="corrupt-t1", gallery_variant="corrupt-t1", no_gom=True)
     assert section["evaluations"][-1]["values"]["mAP"] == alone.mAP
     assert (tmp_path / "s.png").stat().st_size > 1000
+    assert "type, severity" not in run.stdout
+    severity = CliRunner().invoke(main, ["suite", store, "cil-factorial", "--trials", "1", "--by-severity"])
+    assert severity.exit_code == 0 and "type, severity" in severity.stdout
     again = CliRunner().invoke(main, ["suite", store, "cil-factorial", "--json", str(out)])
     assert "exists" in one_error_line(again) and again.exit_code == 2
     missing = CliRunner().invoke(main, ["suite", store, "cil-upstream", "--trials", "1"])

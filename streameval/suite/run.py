@@ -32,11 +32,11 @@ class SuiteResult:
     suite: Suite
     results: list  # metrics.Result per evaluation of suite.evaluations
     execution: dict
-    breakdown_types: dict = field(default_factory=dict)  # query variant -> its corruption types (or None)
+    query_columns: dict = field(default_factory=dict)  # query variant -> its variant_columns (types, severities)
     run: dict = field(default_factory=dict)
 
     def to_dict(self, per_query: bool = False) -> dict:
-        return {"suite": suite_section(self.suite, self.results, self.execution, self.breakdown_types, per_query),
+        return {"suite": suite_section(self.suite, self.results, self.execution, self.query_columns, per_query),
                 "run": self.run}
 
 
@@ -179,16 +179,15 @@ def _suite_result(store: Store, settings: Settings, suite: Suite, by_pair: dict,
     execution = {"evaluations": len(suite.evaluations), "gallery_variants": len(suite.groups()),
                  "gallery_passes": passes, "gemms": gemms}
     pairs = sum(r.n_queries * r.n_gallery for r in by_pair.values())
-    types = {ev.query: _query_types(store, settings, ev.query) for ev in suite.evaluations if ev.setting == "query"}
-    return SuiteResult(suite, results, execution, types, run_timing(dict(phases.seconds), pairs))
+    columns = {ev.query: _query_columns(store, settings, ev.query) for ev in suite.evaluations if ev.setting == "query"}
+    return SuiteResult(suite, results, execution, columns, run_timing(dict(phases.seconds), pairs))
 
 
-def _query_types(store: Store, settings: Settings, name: str):
-    """The query variant's per-row corruption types, or None (clean, or none recorded)."""
+def _query_columns(store: Store, settings: Settings, name: str) -> dict:
+    """The query variant's per-row corruption types and severities (``variant_columns``; none for clean)."""
     from ..store.variants import CLEAN, variant_columns
 
     if name == CLEAN:
-        return None
+        return {}
     swapped = settings.protocol.directions == ("t2v",)
-    return variant_columns(store, "gallery" if swapped else "query", name)["corruption_type"]
-
+    return variant_columns(store, "gallery" if swapped else "query", name)

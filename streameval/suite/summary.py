@@ -41,31 +41,39 @@ def setting_summaries(suite: Suite, values: list[dict], names: list[str]) -> dic
     return out
 
 
-def query_breakdown(suite: Suite, results: list, types: dict) -> dict | None:
-    """Query side (4.4): the metrics over the valid queries of each corruption type, pooled over the
-    ``query`` setting's evaluations; None without recorded types (or with protocol trials, whose
-    per-query values are per trial)."""
+def query_breakdown(suite: Suite, results: list, columns: dict) -> dict | None:
+    """Query side (4.4): the metrics over the valid queries of each corruption type (and of each
+    type and severity, when recorded), pooled over the ``query`` setting's evaluations; None
+    without recorded types (or with protocol trials, whose per-query values are per trial).
+    ``columns``: query variant -> its ``variant_columns``."""
     picked = [(ev, r) for ev, r in zip(suite.evaluations, results)
-              if ev.setting == "query" and types.get(ev.query) is not None and np.ndim(r.per_query["ap"]) == 1]
+              if ev.setting == "query" and columns.get(ev.query, {}).get("corruption_type") is not None
+              and np.ndim(r.per_query["ap"]) == 1]
     if not picked:
         return None
-    pooled = {key: [] for key in ("type", "ap", "inp", "rank")}
+    pooled = {key: [] for key in ("type", "severity", "ap", "inp", "rank")}
     for ev, r in picked:
         valid = r.per_query["n_positives"] > 0
-        pooled["type"].append(np.asarray(types[ev.query])[valid])
+        severity = columns[ev.query].get("severity")
+        pooled["type"].append(np.asarray(columns[ev.query]["corruption_type"])[valid])
+        pooled["severity"].append(np.full(int(valid.sum()), -1) if severity is None else np.asarray(severity)[valid])
         pooled["ap"].append(r.per_query["ap"][valid])
         pooled["inp"].append(r.per_query["inp"][valid])
         pooled["rank"].append(r.per_query["first_hit_rank"][valid])
-    kind, ap, inp, rank = (np.concatenate(pooled[key]) for key in ("type", "ap", "inp", "rank"))
-    by_type = {}
-    for c in np.unique(kind):
-        at = kind == c
-        by_type[str(int(c))] = {"n": int(at.sum()), "mINP": float(inp[at].mean()), "mAP": float(ap[at].mean()),
-                                "R1": float((rank[at] <= 1).mean())}
-    return {"query": {"by_type": by_type, "evaluations": [ev.name for ev, _ in picked]}}
+    kind, severity, ap, inp, rank = (np.concatenate(pooled[key]) for key in ("type", "severity", "ap", "inp", "rank"))
+
+    def metrics_of(at: np.ndarray) -> dict:
+        return {"n": int(at.sum()), "mINP": float(inp[at].mean()), "mAP": float(ap[at].mean()),
+                "R1": float((rank[at] <= 1).mean())}
+
+    out = {"by_type": {str(int(c)): metrics_of(kind == c) for c in np.unique(kind)}}
+    if (severity >= 0).all():
+        pairs = np.unique(np.stack([kind, severity], axis=1), axis=0)
+        out["by_type_severity"] = {f"{c}/{v}": metrics_of((kind == c) & (severity == v)) for c, v in pairs}
+    return {"query": {**out, "evaluations": [ev.name for ev, _ in picked]}}
 
 
-def suite_section(suite: Suite, results: list, execution: dict, types: dict, per_query: bool = False) -> dict:
+def suite_section(suite: Suite, results: list, execution: dict, columns: dict, per_query: bool = False) -> dict:
     """The JSON ``suite`` section (PROTOCOLS.md 4.3; docs/suites.md)."""
     values = [values_of(r) for r in results]
     names = list(values[0])
@@ -80,6 +88,6 @@ def suite_section(suite: Suite, results: list, execution: dict, types: dict, per
         "settings": settings,
         "headline": None if headline is None else {"setting": suite.headline_setting, "mean": headline["mean"],
                                                    "std": headline["std"]},
-        "breakdown": query_breakdown(suite, results, types),
+        "breakdown": query_breakdown(suite, results, columns),
         "execution": execution,
     }
