@@ -14,7 +14,7 @@ import numpy as np
 
 from ..choices import INT64_MIN
 from . import Field, Statistic
-from .block import negative_slot, reach, trial_bit
+from .block import reach, slotted_negatives, trial_bit
 
 EMPTY = INT64_MIN  # a reserved pid (no store holds it)
 _jit = nb.njit(nogil=True, cache=True)
@@ -36,30 +36,29 @@ def _insert(held, pid):
 def update_dedup(blk, held):
     """held[i, t]: pids of negatives before trial t's first positive of query i."""
     n_trials = held.shape[1]
-    first = np.empty(n_trials, dtype=np.int64)  # superset index of each trial's first positive
+    first = np.empty((blk.dist.shape[0], n_trials), dtype=np.int64)  # superset index of each trial's first positive
+    limits = np.full(blk.dist.shape[0], -np.inf)
     for i in range(blk.dist.shape[0]):
         lo = blk.pos_off[i]
         n = blk.pos_off[i + 1] - lo
         last = -1
         for t in range(n_trials):
-            first[t] = n
+            first[i, t] = n
             for m in range(n - 1, -1, -1):
                 if trial_bit(blk.pos_bits[lo + m], t):
-                    first[t] = m
-            if first[t] < n:
-                last = max(last, first[t])
-        if last < 0:
-            continue
-        limit = reach(blk, i, blk.pos_d[lo + last])
-        for j in range(blk.dist.shape[1]):
-            if blk.dist[i, j] > limit:
-                continue
-            slot = negative_slot(blk, i, j)
-            if slot < n:
-                bits = blk.g_bits[j] & blk.q_bits[i]
-                for t in range(n_trials):
-                    if trial_bit(bits, t) & (slot <= first[t]) & (first[t] < n):
-                        _insert(held[i, t], blk.g_pid[j])
+                    first[i, t] = m
+            if first[i, t] < n:
+                last = max(last, first[i, t])
+        if last >= 0:
+            limits[i] = reach(blk, i, blk.pos_d[lo + last])
+    qi, gj, slot = slotted_negatives(blk, limits)
+    for k in range(qi.shape[0]):
+        i = qi[k]
+        n = blk.pos_off[i + 1] - blk.pos_off[i]
+        bits = blk.g_bits[gj[k]] & blk.q_bits[i]
+        for t in range(n_trials):
+            if trial_bit(bits, t) & (slot[k] <= first[i, t]) & (first[i, t] < n):
+                _insert(held[i, t], blk.g_pid[gj[k]])
 
 
 @_jit

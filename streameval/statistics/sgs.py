@@ -26,7 +26,7 @@ import numpy as np
 
 from ..draws import GAMMA, SGS_DRAW_TAG, hash_words, mix_words
 from . import Field, Statistic
-from .block import before_key, kept_negative, negative_slot, reach
+from .block import before_key, kept_negative, reach, slotted_negatives
 
 _jit = nb.njit(nogil=True, cache=True)
 
@@ -120,18 +120,16 @@ def update_sampled(blk, g_identity, draws, counts):
 @_jit
 def update_expected(blk, g_identity, counts):
     """counts[a + s, j] += kept rows of identity j in slot s (before the query's last positive)."""
+    limits = np.full(blk.dist.shape[0], -np.inf)
     for i in range(blk.dist.shape[0]):
-        lo = blk.pos_off[i]
         hi = blk.pos_off[i + 1]
-        if hi == lo:
-            continue
-        limit = reach(blk, i, blk.pos_d[hi - 1])
-        for j in range(blk.dist.shape[1]):
-            if blk.dist[i, j] > limit:
-                continue
-            slot = negative_slot(blk, i, j)
-            if slot < hi - lo:  # a kept negative's pid is an identity
-                counts[lo + slot, g_identity[j]] += 1
+        if hi > blk.pos_off[i]:
+            limits[i] = reach(blk, i, blk.pos_d[hi - 1])
+    qi, gj, slot = slotted_negatives(blk, limits)
+    for k in range(qi.shape[0]):
+        lo = blk.pos_off[qi[k]]
+        if slot[k] < blk.pos_off[qi[k] + 1] - lo:  # a kept negative's pid is an identity
+            counts[lo + slot[k], g_identity[gj[k]]] += 1
 
 
 class SgsSampled(Statistic):

@@ -14,7 +14,7 @@ import numba as nb
 import numpy as np
 
 from . import Field, Statistic
-from .block import negative_slot, reach, trial_bit
+from .block import reach, slotted_negatives, trial_bit
 
 _jit = nb.njit(nogil=True, cache=True)
 
@@ -22,20 +22,19 @@ _jit = nb.njit(nogil=True, cache=True)
 @_jit
 def update_slots(blk, counts):
     n_trials = counts.shape[1]
+    limits = np.full(blk.dist.shape[0], -np.inf)
     for i in range(blk.dist.shape[0]):
-        lo = blk.pos_off[i]
         hi = blk.pos_off[i + 1]
-        if hi == lo:
-            continue
-        limit = reach(blk, i, blk.pos_d[hi - 1])
-        for j in range(blk.dist.shape[1]):
-            if blk.dist[i, j] > limit:  # most rows: past the last positive, they change no rank
-                continue
-            slot = negative_slot(blk, i, j)
-            if slot < hi - lo:
-                bits = blk.g_bits[j] & blk.q_bits[i]
-                for t in range(n_trials):
-                    counts[lo + slot, t] += trial_bit(bits, t)
+        if hi > blk.pos_off[i]:  # rows past the last positive change no rank
+            limits[i] = reach(blk, i, blk.pos_d[hi - 1])
+    qi, gj, slot = slotted_negatives(blk, limits)
+    for k in range(qi.shape[0]):
+        i = qi[k]
+        lo = blk.pos_off[i]
+        if slot[k] < blk.pos_off[i + 1] - lo:
+            bits = blk.g_bits[gj[k]] & blk.q_bits[i]
+            for t in range(n_trials):
+                counts[lo + slot[k], t] += trial_bit(bits, t)
 
 
 class Slots(Statistic):
