@@ -20,6 +20,7 @@ from . import outputs
 from .choices import MAX_RANK_LIMIT, METRICS, PRECISIONS, SUMMARY_FORMATS
 from .errors import StreamevalError
 from .plan import parse_bytes
+from .suite.plan import PRESETS as SUITE_PRESETS
 
 EXIT_INTERRUPTED = 130  # the shell's convention for Ctrl-C
 
@@ -501,7 +502,7 @@ def append(store, input_npz, paths_file):
 @click.option("--images", type=click.Path(file_okay=False), default=None,
               help="Also write a small PNG per row into this new folder (a figure coloured by its pid, on its camera's "
                    "background) and the paths into the store, for 'streameval show'.")
-@click.option("--variants", type=click.Choice(["cil-factorial", "cil-upstream"]), default=None,
+@click.option("--variants", type=click.Choice(SUITE_PRESETS), default=None,
               help="Also write corruption-like feature variants of the queries and the gallery, named as the suite "
                    "preset of that name reads them (docs/variants.md): a random corruption type and severity per row.")
 @click.option("--variant-trials", type=click.IntRange(min=1), default=10, show_default=True,

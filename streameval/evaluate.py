@@ -414,10 +414,14 @@ def with_variants(store: Store, protocol, query_variant: str | None, gallery_var
 
     if len(protocol.directions) == 2:
         raise OptionError("feature variants are evaluated one direction at a time: set direction 'v2t' or 't2v'")
-    sides = {"query": query_variant or CLEAN, "gallery": gallery_variant or CLEAN}
-    if protocol.directions == ("t2v",):
-        sides = {"query": sides["gallery"], "gallery": sides["query"]}
-    return replace(store, **{name: variant_set(store, name, variant) for name, variant in sides.items()})
+    chosen = {store_set(protocol, "query"): query_variant or CLEAN, store_set(protocol, "gallery"): gallery_variant or CLEAN}
+    return replace(store, **{name: variant_set(store, name, variant) for name, variant in chosen.items()})
+
+
+def store_set(protocol, side: str) -> str:
+    """The store's set that is the evaluation's ``side`` ("query" or "gallery"): with direction
+    t2v the queries are the store's gallery."""
+    return {"query": "gallery", "gallery": "query"}[side] if protocol.directions == ("t2v",) else side
 
 
 def _stored_metric(store: Store, metric) -> str:

@@ -107,20 +107,25 @@ def update(
     query_hash = check_matches(saved, store, settings)
     parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
     meta = metadata.build(store.query, parts, settings.rules)  # Metadata(): updatable protocols draw nothing
-    # the saved counts under this run's statistics (the same fields: check_matches compared the options)
-    old = replace(saved.query_state, stats=StatState(settings.statistics(meta, store.dim),
-                                                     saved.query_state.stats.arrays))
     with session(store, settings, execution, phases, label="streameval update") as runner:
-        if graph.extended_rows(parts) == old.gallery_rows:
-            new, facts, read, pairs = old, _facts(old, old, np.empty(0), np.empty(0)), 0, 0
-        else:
-            new, facts, read, pairs = extend(store, settings, runner, old, parts, meta)
+        new, facts, read, pairs = advance(store, settings, runner, saved.query_state, meta)
         verified = verification_report(store, settings, new, runner, meta)
-    if new is not old:
+    if facts["rows_added"]:
         save_state(state, store, settings, new, query_hash)
         phases.lap("saving state")
     return make_result(store, settings, new, runner, read, pairs, meta, selection, verification=verified,
                        update=facts)
+
+
+def advance(store: Store, settings: Settings, runner: Runner, saved: QueryState, meta: graph.Metadata):
+    """(state, facts, bytes read, pairs scored): the ``saved`` state over every row of the store's
+    extended gallery, scored on ``runner`` (its plan the store's); as saved when nothing was added."""
+    parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
+    # the saved counts under this run's statistics (the same fields: check_matches compared the options)
+    old = replace(saved, stats=StatState(settings.statistics(meta, store.dim), saved.stats.arrays))
+    if graph.extended_rows(parts) == old.gallery_rows:
+        return old, _facts(old, old, np.empty(0), np.empty(0)), 0, 0
+    return extend(store, settings, runner, old, parts, meta)
 
 
 def extend(store: Store, settings: Settings, runner: Runner, old: QueryState, parts: tuple, meta: graph.Metadata):

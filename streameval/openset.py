@@ -26,6 +26,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from .choices import record_values
 from .errors import OptionError
 from .rates import items, parse_rates
 from .spread import spread
@@ -62,10 +63,7 @@ class Spec:
         if value is None:
             return None
         if isinstance(value, Mapping):
-            if set(value) != {"fpir", "ranks", "rounding"}:
-                raise OptionError(f"an open-set record has keys {sorted(value)}, "
-                                  "expected ['fpir', 'ranks', 'rounding']")
-            value = cls(value["fpir"], value["ranks"], value["rounding"])
+            value = cls(*record_values(value, ("fpir", "ranks", "rounding"), "an open-set record"))
         targets = parse_rates(value.fpir, "fpir (--fpir)", "FPIR")
         ranks = sorted({_rank(item, max_rank) for item in items(value.ranks, "dir_ranks (--dir-ranks)")})
         if not ranks:

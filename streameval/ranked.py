@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import outputs
+from .choices import is_integer, record_values
 from .errors import OptionError
 from .plan import format_bytes
 
@@ -39,10 +40,6 @@ MARKS = ("positive", "negative", "junk")  # codes 0, 1, 2; PAD marks no entry
 POSITIVE, NEGATIVE, JUNK, PAD = 0, 1, 2, -1
 SECTION_ROWS = 10  # worst and best queries listed in the result JSON
 GROUP_FORMAT = 1  # of the zarr group's layout (attribute streameval_ranked)
-
-
-def _integer(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -59,13 +56,10 @@ class Spec:
         if value is None:
             return None
         if isinstance(value, Mapping):
-            if set(value) != {"k", "trial", "with_junk"}:
-                raise OptionError(f"a ranked-list record has keys {sorted(value)}, expected "
-                                  "['k', 'trial', 'with_junk']")
-            value = cls(value["k"], value["trial"], value["with_junk"])
-        if not _integer(value.k) or not 1 <= value.k <= K_LIMIT:
+            value = cls(*record_values(value, ("k", "trial", "with_junk"), "a ranked-list record"))
+        if not is_integer(value.k) or not 1 <= value.k <= K_LIMIT:
             raise OptionError(f"ranked_list (--ranked-list) must be an integer from 1 to {K_LIMIT:,}, got {value.k!r}")
-        if not _integer(value.trial) or not 0 <= value.trial < n_trials:
+        if not is_integer(value.trial) or not 0 <= value.trial < n_trials:
             raise OptionError(f"trial (--trial) must be an integer from 0 to {n_trials - 1} (the protocol has "
                               f"{n_trials} trial{'s' if n_trials > 1 else ''}), got {value.trial!r}")
         if not isinstance(value.with_junk, bool):

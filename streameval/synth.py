@@ -36,7 +36,7 @@ a time into ``images/query`` and ``images/gallery``, and its path in the store (
 so ``streameval show`` has something to draw.
 
 Variants (``variants="cil-factorial"`` or ``"cil-upstream"``): after the clean store, the preset's
-query and gallery variants (``store.variants.preset_variant_names``), each a corruption-like copy of
+query and gallery variants (``suite.plan.preset_variants``), each a corruption-like copy of
 the written features, as CIL-ReID corrupts every image: per row a corruption type (``CORRUPTIONS``:
 gaussian noise, dropout of dimensions, contrast towards the row's mean, a shift along one direction
 shared by the variant's rows, quantisation) and a severity 1..``MAX_SEVERITY``, drawn uniformly; the
@@ -519,13 +519,13 @@ def synthesize(
 
 def _variant_names(variants: str | None, trials) -> dict:
     """{set: [(name, setting, trial)]} of the preset ``variants`` (none without)."""
-    from .store.variants import preset_variant_names
+    from .suite.plan import preset_variants
 
     if variants is None:
         return {"query": [], "gallery": []}
     if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or trials < 1:
         raise OptionError(f"variant_trials must be a positive integer, got {trials!r}")
-    return preset_variant_names(variants, int(trials))
+    return preset_variants(variants, int(trials))
 
 
 def _write_variants(path, store: Store, seed: int, plan_name: str, names: dict, progress: bool) -> None:

@@ -30,6 +30,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from .choices import is_integer
 from .errors import OptionError
 from .plan import format_bytes, parse_bytes
 from .rates import parse_rates
@@ -46,10 +47,6 @@ LABEL_CONVENTION = (
     "when its distance is below the threshold; TAR = accepted positive pairs / N+, FAR = accepted negative pairs "
     "/ N-, over all queries' pairs (PROTOCOLS.md 3.2). fast-reid's roc.py labels them the other way round: its "
     "'TPR'(t) is 1 - FAR(t) and its 'FPR'(t) is 1 - TAR(t).")
-
-
-def _integer(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def k_of(target: str, n_neg: int) -> int:
@@ -82,16 +79,16 @@ class Spec:
                    value.get("hist_bits", DEFAULT_HIST_BITS), value.get("core"))
         if not isinstance(spec.auc, bool):
             raise OptionError(f"auc must be true or false, got {spec.auc!r}")
-        if not _integer(budget) or budget < 1:
+        if not is_integer(budget) or budget < 1:
             raise OptionError(f"tail_budget (--tail-budget) must be a positive number of bytes, got {budget!r}")
-        if not _integer(spec.hist_bits) or not HIST_BITS[0] <= spec.hist_bits <= HIST_BITS[1]:
+        if not is_integer(spec.hist_bits) or not HIST_BITS[0] <= spec.hist_bits <= HIST_BITS[1]:
             raise OptionError(f"hist_bits (--hist-bits) must be an integer from {HIST_BITS[0]} to {HIST_BITS[1]}, "
                               f"got {spec.hist_bits!r}")
         if spec.core is None:
             if pair_bound is None:
                 raise OptionError("a verification record without its tail length (core) needs the store")
             return replace(spec, core=spec.sized_core(pair_bound, n_trials))
-        if not _integer(spec.core) or spec.core < 0:
+        if not is_integer(spec.core) or spec.core < 0:
             raise OptionError(f"a verification record's core must be a non-negative integer, got {spec.core!r}")
         return spec
 

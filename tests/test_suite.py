@@ -116,6 +116,23 @@ def test_open_set_fixed_gom_and_a_protocol_with_trials_and_sgs_split_exactly(sto
         assert_each_equals_its_eval(store, result, max_rank=50, no_gom=True, protocol=protocol)
 
 
+def test_with_direction_t2v_the_variant_names_are_the_evaluation_sides(store):
+    """t2v takes the store's gallery as the queries: a query variant is the gallery set's."""
+    from streameval.store import read_rows
+    from streameval.store.variants import variant_set
+
+    opened = streameval.open_store(store)
+    qf, qp, qc = read_rows(variant_set(opened, "gallery", "corrupt-t0"), slice(0, N_GALLERY), np.float32)
+    gf, gp, gc = read_rows(variant_set(opened, "query", "corrupt-t1"), slice(0, N_QUERY), np.float32)
+    swapped = streameval.evaluate({"qf": qf, "q_pids": qp, "q_camids": qc, "gf": gf, "g_pids": gp, "g_camids": gc},
+                                  protocol="regdb", direction="v2t", no_gom=True)
+    alone = streameval.evaluate(store, protocol="regdb", direction="t2v", query_variant="corrupt-t0",
+                                gallery_variant="corrupt-t1", no_gom=True)
+    assert comparable(alone) == comparable(swapped) and alone.n_gallery == N_QUERY
+    result = run_suite(store, load_suite("cil-factorial", trials=TRIALS, protocol="regdb", direction="t2v"))
+    assert_each_equals_its_eval(store, result, max_rank=50, no_gom=True, protocol="regdb", direction="t2v")
+
+
 def test_a_local_cluster_of_processes_gives_the_threaded_numbers(store):
     pytest.importorskip("distributed")
     suite = load_suite("cil-factorial", trials=TRIALS)

@@ -13,8 +13,8 @@ import streameval
 import streameval.store.writing
 from cli_checks import cli, one_error_line
 from streameval import OptionError, StoreError, append_gallery, evaluate, open_store, write_store
-from streameval.store.variants import (CLEAN, preset_variant_names, variant_attrs, variant_columns, variant_names,
-                                       variant_set, write_variant)
+from streameval.store.variants import CLEAN, variant_attrs, variant_columns, variant_names, variant_set, write_variant
+from streameval.suite.plan import preset_variants
 from streameval.synth import CORRUPTIONS, MAX_SEVERITY, synthesize
 
 NQ, NG, DIM, CHUNK = 11, 37, 5, 8
@@ -449,7 +449,7 @@ def test_synth_upstream_names_and_float16(tmp_path):
     assert variant_set(store, "gallery", "both-t1").features.dtype == np.float16
     assert variant_attrs(store, "query", "both-t1")["setting"] == "both"
     assert variant_attrs(store, "gallery", "gallery-t0")["setting"] == "gallery"
-    preset = preset_variant_names("cil-upstream", 2)
+    preset = preset_variants("cil-upstream", 2)
     assert [name for name, _, _ in preset["query"]] == ["query-t0", "both-t0", "query-t1", "both-t1"]
     assert {name for name, _, _ in preset["gallery"]} == set(variant_names(store, "gallery")[1:])
     streameval.store.validate_values(store)

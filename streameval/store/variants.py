@@ -42,7 +42,6 @@ COLUMN_FILL = int(np.iinfo(np.int32).min)  # never a valid value: a missing chun
 COLUMN_MIN = {"corruption_type": -1, "severity": 0}  # -1 / 0: a clean row
 COMPLETE_ATTR = "complete"  # on the features array, set once every row is written
 NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
-PRESETS = ("cil-factorial", "cil-upstream")
 INPUT_PREFIX = "variant."  # an append input's arrays: variant.NAME, variant.NAME.corruption_type, ...
 FILE_ARRAYS = ("features", *COLUMNS, "pids", "camids")  # what a variant .npz may hold
 
@@ -61,17 +60,6 @@ def check_name(name) -> str:
 def _check_set(set_name) -> None:
     if set_name not in SETS:
         raise OptionError(f"no set {set_name!r}: variants belong to {' or '.join(SETS)}")
-
-
-def preset_variant_names(plan: str, trials: int) -> dict:
-    """{set name: [(variant name, setting, trial), ...]} the preset ``plan`` evaluates with ``trials``
-    trials (COMMON.md section 2): what ``synth --variants`` writes and the suite presets read."""
-    if plan not in PRESETS:
-        raise OptionError(f"no variant preset {plan!r}: choose {' or '.join(PRESETS)}")
-    if plan == "cil-factorial":  # one draw per side and trial, shared by the settings query, gallery, both
-        return {set_name: [(f"corrupt-t{t}", "factorial", t) for t in range(trials)] for set_name in SETS}
-    return {"query": [(f"{setting}-t{t}", setting, t) for t in range(trials) for setting in ("query", "both")],
-            "gallery": [(f"{setting}-t{t}", setting, t) for t in range(trials) for setting in ("gallery", "both")]}
 
 
 # ------------------------------------------------------------------------------------------ reading

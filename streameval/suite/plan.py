@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..choices import is_integer
 from ..errors import OptionError
 
 SETTINGS = ("clean", "query", "gallery", "both")  # the report's order; a suite file may name others
@@ -71,8 +72,8 @@ class Suite:
 
 
 def preset_evaluations(plan: str, trials: int) -> list[Evaluation]:
-    """The evaluations of a preset plan over ``trials`` trials, with the variant names ``synth
-    --variants`` writes (docs/variants.md)."""
+    """The evaluations of a preset plan over ``trials`` trials: the one place the presets' variant
+    names are decided (``preset_variants``, what ``synth --variants`` writes, derives from it)."""
     evaluations = [Evaluation(CLEAN, CLEAN, None, CLEAN, CLEAN)]
     for t in range(trials):
         if plan == "cil-factorial":
@@ -83,6 +84,23 @@ def preset_evaluations(plan: str, trials: int) -> list[Evaluation]:
                      "both": (f"both-t{t}", f"both-t{t}")}
         evaluations += [Evaluation(f"{setting}-t{t}", setting, t, q, g) for setting, (q, g) in pairs.items()]
     return evaluations
+
+
+def preset_variants(plan: str, trials: int) -> dict:
+    """{set name: [(variant name, setting, trial), ...]}: the corrupted variants of each side a
+    preset evaluates, in order; a variant more than one setting uses (``cil-factorial``'s) has the
+    setting "factorial"."""
+    if plan not in PRESETS:
+        raise OptionError(f"no variant preset {plan!r}: choose {' or '.join(PRESETS)}")
+    sides = {"query": {}, "gallery": {}}
+    for ev in preset_evaluations(plan, trials):
+        for side, name in (("query", ev.query), ("gallery", ev.gallery)):
+            if name != CLEAN:
+                setting, _ = sides[side].setdefault(name, (ev.setting, ev.trial))
+                if setting != ev.setting:
+                    sides[side][name] = ("factorial", ev.trial)
+    return {side: [(name, setting, trial) for name, (setting, trial) in names.items()]
+            for side, names in sides.items()}
 
 
 def load_suite(spec: str, trials: int | None = None, headline_setting: str | None = None,
@@ -141,7 +159,7 @@ def _options(fields: dict, spec: str) -> dict:
 
 
 def _count(value, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    if not is_integer(value) or value < 1:
         raise OptionError(f"{name} must be a positive integer, got {value!r}")
     return value
 
@@ -156,7 +174,7 @@ def _evaluation(entry, i: int, spec: str) -> Evaluation:
     query, gallery = entry.get("query", CLEAN), entry.get("gallery", CLEAN)
     setting = entry.get("setting") or _setting_of(query, gallery)
     trial = entry.get("trial")
-    if trial is not None and (not isinstance(trial, int) or isinstance(trial, bool) or trial < 0):
+    if trial is not None and (not is_integer(trial) or trial < 0):
         raise OptionError(f"{where}: trial must be a non-negative integer, got {trial!r}")
     for key, value in (("query", query), ("gallery", gallery), ("setting", setting)):
         if not isinstance(value, str) or not value:

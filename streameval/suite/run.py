@@ -17,7 +17,8 @@ import numpy as np
 
 from .. import graph
 from ..errors import OptionError
-from ..evaluate import Execution, Settings, _as_store, full_state, make_result, oriented, run_plan, session
+from ..evaluate import (Execution, Settings, _as_store, full_state, make_result, oriented, run_plan, session,
+                        store_set)
 from ..progress import Phases
 from ..state import QueryState
 from ..store import Store
@@ -55,14 +56,12 @@ def run_suite(data, suite: Suite | str, *, storage_options: dict | None = None, 
     store = _as_store(data, storage_options)
     settings = suite_settings(store, suite)
     base = oriented(store, settings.protocol)
-    groups = [((g, variant_side(store, settings, "gallery", g)), [(q, variant_side(store, settings, "query", q))
-                                                                  for q in qs])
-              for g, qs in suite.groups()]  # every variant opened (and checked) before any work
+    groups = open_groups(store, settings, suite)
     if state is not None:
         from .state import check_state_target
 
         check_state_target(state, overwrite_state, settings)
-    meta = _metadata(base, settings)
+    meta = clean_metadata(base, settings)
     by_pair, passes = {}, 0
     views = [stacked_view(base, gallery, queries) for gallery, queries in groups]
     with session(views[0], settings, execution, phases, label="streameval suite") as runner:
@@ -82,7 +81,15 @@ def run_suite(data, suite: Suite | str, *, storage_options: dict | None = None, 
 
         finish_state(state, suite)
         phases.lap("saving state")
-    return _suite_result(store, settings, suite, by_pair, passes, phases)
+    return suite_result(store, settings, suite, by_pair, passes, phases)
+
+
+def open_groups(store: Store, settings: Settings, suite: Suite) -> list:
+    """Per gallery variant, in the plan's order: ((its name, FeatureSet), [(query variant name,
+    FeatureSet), ...]); every variant opened, and so checked, before any work."""
+    return [((g, variant_side(store, settings, "gallery", g)), [(q, variant_side(store, settings, "query", q))
+                                                                for q in qs])
+            for g, qs in suite.groups()]
 
 
 def announce(runner, views: list, plans: list) -> None:
@@ -126,13 +133,10 @@ def suite_settings(store: Store, suite: Suite) -> Settings:
 
 
 def variant_side(store: Store, settings: Settings, side: str, name: str):
-    """The FeatureSet of variant ``name`` on the evaluation's ``side`` ("query" or "gallery"): with
-    direction t2v the store's gallery set is the query side."""
+    """The FeatureSet of variant ``name`` on the evaluation's ``side`` ("query" or "gallery")."""
     from ..store.variants import variant_set
 
-    swapped = settings.protocol.directions == ("t2v",)
-    set_name = {"query": "gallery", "gallery": "query"}[side] if swapped else side
-    return variant_set(store, set_name, name)
+    return variant_set(store, store_set(settings.protocol, side), name)
 
 
 def stacked_view(base: Store, gallery: tuple, queries: list) -> Store:
@@ -145,7 +149,7 @@ def stacked_view(base: Store, gallery: tuple, queries: list) -> Store:
     return replace(base, query=query, gallery=gallery[1])
 
 
-def _metadata(base: Store, settings: Settings) -> graph.Metadata:
+def clean_metadata(base: Store, settings: Settings) -> graph.Metadata:
     """The protocol's metadata from the clean rows (the variants share their ids)."""
     from .. import metadata
 
@@ -170,8 +174,8 @@ def split_results(base: Store, settings: Settings, runner, gallery: tuple, queri
     return out
 
 
-def _suite_result(store: Store, settings: Settings, suite: Suite, by_pair: dict, passes: int,
-                  phases: Phases) -> SuiteResult:
+def suite_result(store: Store, settings: Settings, suite: Suite, by_pair: dict, passes: int,
+                 phases: Phases) -> SuiteResult:
     from ..metrics import run_timing
 
     results = [by_pair[(ev.query, ev.gallery)] for ev in suite.evaluations]
@@ -187,7 +191,4 @@ def _query_columns(store: Store, settings: Settings, name: str) -> dict:
     """The query variant's per-row corruption types and severities (``variant_columns``; none for clean)."""
     from ..store.variants import CLEAN, variant_columns
 
-    if name == CLEAN:
-        return {}
-    swapped = settings.protocol.directions == ("t2v",)
-    return variant_columns(store, "gallery" if swapped else "query", name)
+    return {} if name == CLEAN else variant_columns(store, store_set(settings.protocol, "query"), name)

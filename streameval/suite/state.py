@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import replace
 
-from .. import graph
 from ..statestore import StateError
-from ..evaluate import Execution, _as_store, session
+from ..evaluate import Execution, _as_store, oriented, run_plan, session
 from ..outputs import check_directory, check_folder, write_text
 from ..progress import Phases
 from .plan import Suite
-from .run import SuiteResult, _metadata, _suite_result, split_results, stacked_view, suite_settings, variant_side
+from .run import (SuiteResult, clean_metadata, open_groups, split_results, stacked_view, suite_result,
+                  suite_settings)
 
 RECORD = "suite.json"
 GROUP_PREFIX = "gallery-"
@@ -77,21 +76,17 @@ def update_suite(data, state, *, storage_options: dict | None = None, **options)
     """Extend the suite state at ``state`` to every committed gallery row of the store ``data``
     (rows appended to every gallery variant) and return the suite's result, equal to a full
     ``run_suite``; the keywords are ``evaluate``'s execution keywords."""
-    from ..incremental import extend
+    from ..incremental import advance
     from ..statestore import check_matches, load_state
-    from ..statistics import StatState
 
     phases = Phases()
     execution = Execution.from_options("update_suite", options)
     store = _as_store(data, storage_options)
     suite = load_suite_record(state)
     settings = suite_settings(store, suite)
-    from ..evaluate import oriented
-
     base = oriented(store, settings.protocol)
-    meta = _metadata(base, settings)
-    groups = [((g, variant_side(store, settings, "gallery", g)), [(q, variant_side(store, settings, "query", q))
-                                                                  for q in qs]) for g, qs in suite.groups()]
+    meta = clean_metadata(base, settings)
+    groups = open_groups(store, settings, suite)
     saved = {g: load_state(group_folder(state, g)) for (g, _), _ in groups}
     by_pair, passes, facts = {}, 0, {}
     with session(stacked_view(base, *groups[0]), settings, execution, phases,
@@ -99,18 +94,13 @@ def update_suite(data, state, *, storage_options: dict | None = None, **options)
         for gallery, queries in groups:
             view = stacked_view(base, gallery, queries)
             query_hash = check_matches(saved[gallery[0]], view, settings)
-            old = saved[gallery[0]].query_state
-            old = replace(old, stats=StatState(settings.statistics(meta, view.dim), old.stats.arrays))
-            parts = graph.gallery_parts(view.query, view.gallery, False)
-            new = old
-            if graph.extended_rows(parts) != old.gallery_rows:
-                from ..evaluate import run_plan
-
-                runner.plan = run_plan(view, settings, execution, runner.plan.workers)
-                new, facts[gallery[0]], _, _ = extend(view, settings, runner, old, parts, meta)
+            runner.plan = run_plan(view, settings, execution, runner.plan.workers)
+            new, done, _, _ = advance(view, settings, runner, saved[gallery[0]].query_state, meta)
+            if done["rows_added"]:
+                facts[gallery[0]] = done
                 passes += len(runner.plan.query_ranges(len(view.query)))
                 save_group(state, view, settings, new, gallery[0], query_hash)
             by_pair.update(split_results(base, settings, runner, gallery, queries, new, 0, meta))
-    result = _suite_result(store, settings, suite, by_pair, passes, phases)
+    result = suite_result(store, settings, suite, by_pair, passes, phases)
     result.execution["update"] = facts
     return result
