@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -208,3 +209,24 @@ def test_no_row_past_the_reach_of_a_distance_can_be_at_or_below_it(metric):
         for d_next in (np.nextafter(limit, np.inf), limit + abs(limit) * 1e-9 + 1e-300, limit + abs(limit) + 1.0):
             for gn in (gn_max, gn_max * float(rng.uniform(0, 1))):
                 assert d_next - kernels.distance_window(d_next, qn, gn, code, c_dot) > d, (metric, d, qn, gn)
+
+
+@pytest.mark.parametrize("metric", ["sqeuclidean", "euclidean", "cosine", "distance"])
+def test_no_fast_distance_below_an_edge_has_an_upper_bound_past_its_peak(metric):
+    """``statistics.verify._peak_upper``: every fast distance d' up to an edge E, with norms up to
+    the block's widest, has d' + distance_window(d') at most the peak at E, the bound a tail is
+    seeded with from the block's counts below E."""
+    from streameval import kernels
+    from streameval.statistics.verify import _peak_upper
+
+    code = kernels.METRIC_CODES[metric]
+    rng = np.random.default_rng(6)
+    c_dot = kernels.dot_error_bound(2048, "float32")
+    for _ in range(500):
+        edge = float(rng.uniform(-2, 2)) if metric in ("cosine", "distance") else float(rng.uniform(0, 300))
+        qn_max, gn_max = (float(v) for v in rng.uniform(0.01, 120, 2))
+        peak = _peak_upper(edge, qn_max, gn_max, code, c_dot)
+        low = edge - 4 if metric in ("cosine", "distance") else 0.0
+        for d in np.append(rng.uniform(low, edge, 50), [low, edge, min(edge, math.sqrt(2 * c_dot * qn_max * gn_max))]):
+            for qn, gn in ((qn_max, gn_max), tuple(rng.uniform(0, 1, 2) * (qn_max, gn_max))):
+                assert d + kernels.distance_window(float(d), qn, gn, code, c_dot) <= peak, (metric, edge, d)

@@ -337,6 +337,142 @@ def _limit(blk, i, bound, gn_max):
 
 
 @_jit
+def _trial_columns(blk, t, out):
+    """out[x, j] = 1 where column j is a kept negative in trial t of any query with camera index x
+    and another pid (not junk, the camera pair allowed, j in the trial)."""
+    for x in range(out.shape[0]):
+        for j in range(out.shape[1]):
+            out[x, j] = ((blk.g_junk[j] == 0) & (blk.any_table[x, blk.g_cix[j]] == 0)
+                         & (trial_bit(blk.g_bits[j], t) != 0))
+
+
+@_inline
+def _row_negatives(blk, i, columns, out):
+    """out[j] = 1 where column j is a kept negative of query i (``columns``: its camera's row of
+    ``_trial_columns``); branch-free, so the loop vectorises."""
+    qp = blk.q_pid[i]
+    for j in range(out.shape[0]):
+        out[j] = columns[j] & (blk.g_pid[j] != qp)
+
+
+LANES = 4  # interleaved sub-histograms: consecutive pairs in one bin would wait on each other's increment
+
+
+@_inline
+def _tail_pair(blk, i, j, bound, tail, core, q):
+    """Offer the pair (i, j), below its row's limit, to the tail; return the tail's bound."""
+    d = blk.dist[i, j]
+    w = kernels.distance_window(d, blk.qn[i], blk.gn[j], blk.metric, blk.c_dot)
+    if d - w < bound:
+        return _add(tail, core, d, w, np.float64(blk.g_start + j), q)
+    return bound
+
+
+@_jit
+def _scan_row(blk, i, negative, sh, sub, tail, core, q, bound, gn_max, count):
+    """Row i's kept negatives (``negative``): into the interleaved sub-histograms on their fast
+    distances when ``count``, and those below the row's limit into the tail (``bound``: its bound,
+    -inf for none); returns the tail's bound."""
+    row = blk.dist[i].view(np.uint64)
+    limit = _limit(blk, i, bound, gn_max)
+    n = row.shape[0]
+    m = n - n % LANES if count else 0
+    for j0 in range(0, m, LANES):
+        for k in range(LANES):
+            j = j0 + k
+            sub[k, _bits_key(row[j]) >> sh] += negative[j]
+            if blk.dist[i, j] < limit and negative[j]:
+                moved = _tail_pair(blk, i, j, bound, tail, core, q)
+                if moved != bound:  # a compaction lowered it
+                    bound = moved
+                    limit = _limit(blk, i, bound, gn_max)
+    for j in range(m, n):
+        if count:
+            sub[0, _bits_key(row[j]) >> sh] += negative[j]
+        if blk.dist[i, j] < limit and negative[j]:
+            moved = _tail_pair(blk, i, j, bound, tail, core, q)
+            if moved != bound:  # a compaction lowered it
+                bound = moved
+                limit = _limit(blk, i, bound, gn_max)
+    return bound
+
+
+@_inline
+def _key_float(key):
+    """The float64 whose key is ``key`` (``key_value`` in numba; NaN past the infinities)."""
+    cell = np.empty(1, np.uint64)
+    cell[0] = key ^ SIGN if key >> np.uint64(63) else ~key
+    return cell.view(np.float64)[0]
+
+
+@_inline
+def _peak_upper(d, qn, gn, metric, c_dot):
+    """An upper bound of d' + w(d') over fast distances d' in [0, d] (norms at most qn, gn): d' +
+    w(d') rises up to the square root of the squared distance's error (the euclidean window's
+    widest) and is convex past it, so its maximum is at one of the two points."""
+    s = kernels.distance_window(0.0, qn, gn, metric, c_dot)  # euclidean: the square root of the error
+    x = max(d + kernels.distance_window(d, qn, gn, metric, c_dot),
+            min(d, s) + kernels.distance_window(min(d, s), qn, gn, metric, c_dot))
+    return x + 8.0 * kernels.U64 * abs(x)
+
+
+@_jit
+def _seed_bound(entries, counts, sh, core, qn_max, gn_max, metric, c_dot):
+    """Give a tail without a bound one from the block's own histogram when the block alone has
+    ``core`` negatives: they all have fast distances below the edge E where the cumulative count
+    reaches ``core``, so upper bounds at most ``_peak_upper(E)``: every later pair whose lower
+    bound is at or above it is skipped, instead of filling and compacting the buffer first."""
+    if entries[0, KNOWN] != 0.0 or entries[0, OVERFLOW] != 0.0 or counts.sum() < core:
+        return
+    total = 0
+    for b in range(counts.shape[0]):
+        total += counts[b]
+        if total >= core:
+            edge = _key_float(np.uint64(b + 1) << np.uint64(sh)) if b + 1 < counts.shape[0] else np.inf
+            if edge < np.inf:  # (NaN past the key of +inf)
+                entries[0, BOUND] = _peak_upper(edge, qn_max, gn_max, metric, c_dot)
+                entries[0, KNOWN] = 1.0
+            return
+
+
+@_jit
+def update_verify_fast(blk, qrows, shift, hist, tails, core):
+    """``update_verify`` without exact bins and AUC: kept negatives per trial into the histogram
+    on their fast distances (a row at a time: its negatives masked first, then counted into
+    interleaved sub-histograms), and into the tails those below the per-row limit, in the same
+    scan.  A tail without a bound gets one from the block's counts first (``_seed_bound``), then
+    takes the block's pairs in a second scan."""
+    sh = np.uint64(shift)
+    n_rows, n = blk.dist.shape
+    gn_max = blk.gn.max() if n else 0.0
+    qn_max = blk.qn.max() if n_rows else 0.0
+    columns = np.empty((blk.any_table.shape[0], n), np.uint8)
+    negative = np.empty(n, np.uint8)
+    sub = np.zeros((LANES, hist.shape[1]), np.int64)
+    no_tail = np.zeros((1, ENTRY))
+    for t in range(hist.shape[0]):
+        _trial_columns(blk, t, columns)
+        tail = tails[t] if tails.shape[1] > 1 else no_tail
+        seeding = tails.shape[1] > 1 and tail[0, KNOWN] == 0.0
+        bound = -np.inf if seeding else _bound(tail)
+        for i in range(n_rows):
+            if trial_bit(blk.q_bits[i], t) != 0:
+                _row_negatives(blk, i, columns[blk.q_cix[i]], negative)
+                bound = _scan_row(blk, i, negative, sh, sub, tail, core, np.float64(qrows[i]), bound, gn_max, True)
+        counts = sub.sum(axis=0)
+        hist[t] += counts
+        sub[:] = 0
+        if not seeding:
+            continue
+        _seed_bound(tail, counts, shift, core, qn_max, gn_max, blk.metric, blk.c_dot)
+        bound = _bound(tail)
+        for i in range(n_rows):
+            if trial_bit(blk.q_bits[i], t) != 0:
+                _row_negatives(blk, i, columns[blk.q_cix[i]], negative)
+                bound = _scan_row(blk, i, negative, sh, sub, tail, core, np.float64(qrows[i]), bound, gn_max, False)
+
+
+@_jit
 def update_verify(blk, qrows, shift, exact_bins, hist, tails, core, auc, pool):
     """Add the block's kept negatives, per trial, to the histogram (bins on the canonical distance
     where the window straddles an edge if ``exact_bins``, else on the fast distance), the tails
@@ -422,7 +558,10 @@ class Verify(Statistic):
         tails = state.get("tail", np.zeros((n_trials, 1, ENTRY)))
         auc = state.get("auc", np.zeros(0, np.int64))
         pool = run.pooled[self.name] if self.pools else NO_POOL
-        update_verify(blk, aux[rows], 64 - self.bits, self.exact_bins, state["hist"], tails, self.core, auc, pool)
+        if self.exact_bins or self.pools:
+            update_verify(blk, aux[rows], 64 - self.bits, self.exact_bins, state["hist"], tails, self.core, auc, pool)
+        else:
+            update_verify_fast(blk, aux[rows], 64 - self.bits, state["hist"], tails, self.core)
 
     def merge_own(self, key: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return merge_tails(a, b, self.core)
