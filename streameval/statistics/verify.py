@@ -23,7 +23,9 @@ are among its entries (ties by value are interchangeable: a dropped exact entry 
 never needed).  Two tails over disjoint rows merge into their union, compacted the same way: exact
 in any order.  Only the entries near a requested order statistic need their canonical distance in
 the end (``verification.settle``); the pass computes none for the tail, which is what keeps a tail
-of a million entries cheap.  Its buffer holds ``capacity(L)`` entries and is compacted when full;
+of a million entries cheap.  A tail without U takes one from its first block's counts when that
+block alone holds L negatives (``_seed_bound``), rather than every pair until its buffer fills.
+Its buffer holds ``capacity(L)`` entries and is compacted when full;
 near-ties at U (many entries within their window of it) can overflow it, which marks the tail
 unusable (header flag): the selection then takes the two-pass route.
 
@@ -356,6 +358,8 @@ def _row_negatives(blk, i, columns, out):
 
 
 LANES = 4  # interleaved sub-histograms: consecutive pairs in one bin would wait on each other's increment
+LANE_BINS = 1 << 16  # beyond this many bins (--hist-bits over 16) one histogram: the lanes would not fit
+# the caches (or the memory budget ``check_memory`` counts), and the pairs rarely share a bin
 
 
 @_inline
@@ -377,10 +381,11 @@ def _scan_row(blk, i, negative, sh, sub, tail, core, q, bound, gn_max, count):
     limit = _limit(blk, i, bound, gn_max)
     n = row.shape[0]
     m = n - n % LANES if count else 0
+    lane = sub.shape[0] - 1  # LANES or 1 sub-histograms
     for j0 in range(0, m, LANES):
         for k in range(LANES):
             j = j0 + k
-            sub[k, _bits_key(row[j]) >> sh] += negative[j]
+            sub[k & lane, _bits_key(row[j]) >> sh] += negative[j]
             if blk.dist[i, j] < limit and negative[j]:
                 moved = _tail_pair(blk, i, j, bound, tail, core, q)
                 if moved != bound:  # a compaction lowered it
@@ -448,7 +453,7 @@ def update_verify_fast(blk, qrows, shift, hist, tails, core):
     qn_max = blk.qn.max() if n_rows else 0.0
     columns = np.empty((blk.any_table.shape[0], n), np.uint8)
     negative = np.empty(n, np.uint8)
-    sub = np.zeros((LANES, hist.shape[1]), np.int64)
+    sub = np.zeros((LANES if hist.shape[1] <= LANE_BINS else 1, hist.shape[1]), np.int64)
     no_tail = np.zeros((1, ENTRY))
     for t in range(hist.shape[0]):
         _trial_columns(blk, t, columns)
