@@ -361,6 +361,7 @@ def evaluate(
     """
     from .openset import request as open_set_request
     from .ranked import request
+    from .bands import place as place_bands
     from .verification import report as verification_report
     from .verification import request as verification_request
 
@@ -394,7 +395,10 @@ def evaluate(
         check_folder(state, "state directory")
         check_writable(state, overwrite_state)
     with session(store, settings, execution, phases) as runner:
-        query_state, read, meta = full_state(store, settings, runner)
+        meta = gallery_metadata(store, settings)
+        if state is None:  # a saved state keeps the two-pass route's arrays
+            settings = place_bands(store, settings, runner, meta)
+        query_state, read, meta = full_state(store, settings, runner, meta)
         verified = verification_report(store, settings, query_state, runner, meta)
     if state is not None:
         from .statestore import save_state
@@ -452,6 +456,7 @@ def oriented(store: Store, protocol) -> Store:
 def _both_directions(store: Store, settings: Settings, execution: Execution, phases: Phases) -> metrics.Result:
     """Each direction evaluated on its own; the first one's result (timed from the start, ``phases``)
     holds both under ``directions``."""
+    from .bands import place as place_bands
     from .verification import report as verification_report
 
     results = {}
@@ -459,7 +464,9 @@ def _both_directions(store: Store, settings: Settings, execution: Execution, pha
         one = replace(settings, protocol=replace(settings.protocol, directions=(direction,)))
         swapped = oriented(store, one.protocol)
         with session(swapped, one, execution, phases if not results else Phases()) as runner:
-            query_state, read, meta = full_state(swapped, one, runner)
+            meta = gallery_metadata(swapped, one)
+            one = place_bands(swapped, one, runner, meta)
+            query_state, read, meta = full_state(swapped, one, runner, meta)
             verified = verification_report(swapped, one, query_state, runner, meta)
         results[direction] = make_result(swapped, one, query_state, runner, read,
                                          len(swapped.query) * query_state.gallery_rows, meta, verification=verified)
@@ -468,13 +475,19 @@ def _both_directions(store: Store, settings: Settings, execution: Execution, pha
     return first
 
 
-def full_state(store: Store, settings: Settings, runner: Runner, meta: graph.Metadata | None = None):
-    """Every query's state over the whole extended gallery, the bytes the graph read, the metadata
-    (``meta`` if given: a stack of query variants takes the clean queries')."""
+def gallery_metadata(store: Store, settings: Settings) -> graph.Metadata:
+    """What every pass reads of the rows' ids: identities, trial membership (``metadata.build``)."""
     from . import metadata
 
     parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
-    meta = metadata.build(store.query, parts, settings.rules) if meta is None else meta
+    return metadata.build(store.query, parts, settings.rules)
+
+
+def full_state(store: Store, settings: Settings, runner: Runner, meta: graph.Metadata | None = None):
+    """Every query's state over the whole extended gallery, the bytes the graph read, the metadata
+    (``meta`` if given: a stack of query variants takes the clean queries')."""
+    parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
+    meta = gallery_metadata(store, settings) if meta is None else meta
     scoring = settings.scoring(store.dim, meta)
     positives, states, dist_range = runner.compute(graph.build(store.query, parts, runner.plan, scoring, meta))
     query_state = QueryState(Positives.concat(positives), StatState.concat(states), dist_range,

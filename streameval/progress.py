@@ -28,7 +28,7 @@ from contextlib import contextmanager, suppress
 
 from dask.callbacks import Callback
 
-PASSES = ("positives", "range", "scoring", "rescoring", "refinement", "settling")  # in the order they run
+PASSES = ("positives", "range", "pilot", "scoring", "rescoring", "refinement", "settling")  # in the order they run
 BAR_WIDTH = 30
 LOG_STEP = 10  # percent between lines in non-interactive output
 REDRAW_S = 0.1  # a live bar redraws at most this often

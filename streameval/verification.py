@@ -65,6 +65,7 @@ class Spec:
     tail_budget: int = DEFAULT_TAIL_BUDGET
     hist_bits: int = DEFAULT_HIST_BITS
     core: int | None = None
+    bands: object = None  # bands.Bands placed by a pilot for this run (not a saved state's)
 
     @classmethod
     def parse(cls, value, pair_bound: int | None, n_trials: int) -> "Spec | None":
@@ -110,7 +111,7 @@ class Spec:
 
     @property
     def method(self) -> str:
-        return "tail" if self.core else "two-pass"
+        return "tail" if self.core else "bands" if self.bands else "two-pass"
 
     def to_record(self) -> dict:
         return {"far": list(self.far), "auc": self.auc, "tail_budget": self.tail_budget, "hist_bits": self.hist_bits,
@@ -119,15 +120,15 @@ class Spec:
     def statistic(self, n_trials: int, precision: str):
         from .statistics.verify import Verify
 
-        return Verify(n_trials, self.hist_bits, self.core, self.auc, self.exact_bins(precision))
+        return Verify(n_trials, self.hist_bits, self.core, self.auc, self.exact_bins(precision), self.bands)
 
     def exact_bins(self, precision: str) -> bool:
         """Whether the scoring pass bins negatives exactly: with float32 GEMMs the error window
         holds a bin edge for ~0.4% of the negatives (Market-like data, 16 bits), whose canonical
-        distances would cost more than the rest of verification; the one-pass selection does not
-        need it (GOM's thresholds do the same, ``kernels.bin_error_bound``), the two-pass one
-        does."""
-        return precision == "float64" or not self.core
+        distances would cost more than the rest of verification; the one-pass selections (tail,
+        bands) do not need it (GOM's thresholds do the same, ``kernels.bin_error_bound``), the
+        two-pass one does (it counts again first if a band misses)."""
+        return precision == "float64" or not (self.core or self.bands)
 
 
 def pair_bound(store, protocol) -> int:
@@ -259,15 +260,18 @@ def _tail_usable(tail: np.ndarray, core: int, k_max: int) -> bool:
 
 
 def select(hist: np.ndarray, exact: bool, tails: np.ndarray | None, core: int, targets: list, spec: Spec, refine,
-           settle) -> tuple:
-    """Find every target's value and count below: from the trial's tail when usable, else by the
-    two-pass refinement (``refine(groups, capacity, bits)``: one pass over every pair, returning per
-    group its sub-histogram over ``bits`` more key bits, or its members with ``capacity``), from an
-    exact histogram: one the main pass binned on fast distances is counted again first.  Returns
-    (the method, the histograms, per trial whether its histogram is exact)."""
+           settle, banded: tuple = ()) -> tuple:
+    """Find every target's value and count below: ``banded`` ones (target, members, count below)
+    from their band, the others from the trial's tail when usable, else by the two-pass refinement
+    (``refine(groups, capacity, bits)``: one pass over every pair, returning per group its
+    sub-histogram over ``bits`` more key bits, or its members with ``capacity``), from an exact
+    histogram: one the main pass binned on fast distances is counted again first.  Returns (the
+    method, the histograms, per trial whether its histogram is exact)."""
     from .statistics.verify import COUNT, ENTRY_BYTES, SUB_BITS
 
     selection, groups = Selection(), []
+    for target, members, below in banded:
+        selection.add(members, below, [target])
     shift = 64 - spec.hist_bits
     exact = [exact] * hist.shape[0]
     recount = []
@@ -289,7 +293,7 @@ def select(hist: np.ndarray, exact: bool, tails: np.ndarray | None, core: int, t
                 raise RuntimeError(f"the exact histogram counts {counts.sum()} negatives, the pass {group.members}")
             hist[group.trial], exact[group.trial] = counts, True
             groups += _groups(group.targets, counts, range(hist.shape[1]), shift, 0)
-    method = "two-pass" if groups else "tail"
+    method = "two-pass" if groups else "bands" if banded else "tail"
     while groups:
         for group in [g for g in groups if g.shift == 0]:  # one key: every member equals it
             for target in group.targets:
@@ -326,14 +330,21 @@ def select(hist: np.ndarray, exact: bool, tails: np.ndarray | None, core: int, t
 def _refinement(store, settings, state, runner, meta, groups: list, capacity: int, bits: int = 0):
     """One pass over every pair of every query: per group its members (``capacity`` > 0) or its
     sub-histogram over the next ``bits`` key bits."""
-    from dask import delayed
-
-    from . import graph
-    from .statistics import StatState
     from .statistics.verify import Refine
 
     stat = Refine([g.trial for g in groups], [g.low for g in groups], [g.high for g in groups],
                   [g.shift - bits for g in groups], bits, capacity)
+    merged = _pass(store, settings, state, runner, meta, stat)
+    return list(merged.arrays["refine/members" if capacity else "refine/hist"])
+
+
+def _pass(store, settings, state, runner, meta, stat):
+    """The StatState of ``stat`` over every pair of every query (a further pass)."""
+    from dask import delayed
+
+    from . import graph
+    from .statistics import StatState
+
     scoring = replace(settings.scoring(store.dim, meta), statistics=(stat,))
     parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
     plan, n, end = runner.plan, len(store.query), graph.extended_rows(parts)
@@ -343,8 +354,7 @@ def _refinement(store, settings, state, runner, meta, groups: list, capacity: in
                                  delayed(state.positives.take(np.arange(rows.start, rows.stop))), run, meta, 0, end,
                                  "refinement")
               for rows in graph.query_blocks(plan, None, n)]
-    merged = StatState.concat(list(runner.compute(delayed(list)(blocks))))
-    return list(merged.arrays["refine/members" if capacity else "refine/hist"])
+    return StatState.concat(list(runner.compute(delayed(list)(blocks))))
 
 
 def _settled(part, rows: np.ndarray, queries, at: np.ndarray, where: np.ndarray, scoring, meta) -> np.ndarray:
@@ -392,9 +402,60 @@ def exact_bins(settings) -> bool:
     return settings.metric in ("distance", "similarity") or settings.verification.exact_bins(settings.precision)
 
 
+def _banded(bands, arrays: dict, targets: dict) -> list:
+    """(target, its band's members, negatives below the band) of the targets whose band holds their
+    value: the band never overflowed and the (k+1)-th smallest is its r-th member, r = k + 1 -
+    below in 1..members (every negative below the band is below each member, every other one above:
+    the members' distances are canonical)."""
+    from .statistics.verify import COUNT, OVERFLOW
+
+    found = []
+    for job, key in enumerate(bands.keys):
+        members, below = arrays["verify/band"][job], int(arrays["verify/below"][job])
+        target, count = targets.get(key), int(members[0, COUNT])
+        if (target is not None and bands.capacities[job] and members[0, OVERFLOW] == 0.0
+                and 1 <= target.k + 1 - below <= count):
+            found.append((target, members[1:count + 1], below))
+    return found
+
+
+def _counted(bands, arrays: dict, targets: dict, budget: int):
+    """Collecting bands for a refinement pass (a ``bands.Bands``, or None), one per counting job
+    whose counts bracket its target: the fast distances below a fine edge e are at most k and below
+    a fine edge e' at least k + 1, so the canonical ones below e - w at most k and below e' + w at
+    least k + 1 (w: the widest window met), the band [e - w, e' + w) widened by a fine bin for
+    the bins' rounding.  Its capacity: the fast counts over the band, with room."""
+    from .bands import Bands
+    from .statistics.verify import ENTRY_BYTES, FINE_BINS, band_jobs
+
+    lows, _, _, scales, _ = band_jobs(bands, 1 + max(t for t, _ in bands.keys))
+    room, jobs = budget // ENTRY_BYTES, []
+    for job, key in enumerate(bands.keys):
+        target = targets.get(key)
+        if bands.capacities[job] or target is None:
+            continue
+        cum = int(arrays["verify/below"][job]) + np.concatenate([[0], np.cumsum(arrays["verify/fine"][job])])
+        if cum[0] > target.k or cum[-1] < target.k + 1:  # the pilot misplaced the range
+            continue
+        margin = 2 * float(arrays["verify/window"][job]) + 1 / scales[job]
+        low = lows[job] + (int(np.searchsorted(cum, target.k, side="right")) - 1) / scales[job] - margin
+        high = lows[job] + int(np.searchsorted(cum, target.k + 1, side="left")) / scales[job] + margin
+        first, last = (int(np.clip(math.floor((x - lows[job]) * scales[job]) + shift, 0, FINE_BINS))
+                       for x, shift in ((low, 0), (high, 1)))
+        capacity = math.ceil(1.25 * (cum[last] - cum[first])) + 1024
+        room -= capacity
+        if room >= 0:
+            jobs.append((key, low, high, capacity))
+    if not jobs:
+        return None
+    return Bands(*(tuple(column) for column in zip(*jobs)))
+
+
 def report(store, settings, state, runner, meta) -> dict | None:
     """The ``verification`` section of the result (None when not asked for), the selection's
     passes run on ``runner`` (so: while its session is open)."""
+    from .statistics.verify import Verify
+
     spec = settings.verification
     if spec is None:
         return None
@@ -402,14 +463,22 @@ def report(store, settings, state, runner, meta) -> dict | None:
     hist = arrays["verify/hist"]
     n_neg = hist.sum(axis=1)
     targets = {(t, x): Target(t, k_of(x, int(n_neg[t]))) for t in range(hist.shape[0]) for x in spec.far}
-    pending = [target for target in targets.values() if target.k < n_neg[target.trial]]
+    selecting = {key: target for key, target in targets.items() if target.k < n_neg[target.trial]}
+    banded = []
+    if spec.bands:
+        banded = _banded(spec.bands, arrays, selecting)
+        refined = _counted(spec.bands, arrays, selecting, spec.tail_budget)
+        if refined:
+            stat = Verify(hist.shape[0], spec.hist_bits, 0, False, False, refined, count=False)
+            banded += _banded(refined, _pass(store, settings, state, runner, meta, stat).arrays, selecting)
+    pending = [target for target in selecting.values() if all(target is not found for found, _, _ in banded)]
 
     def refine(groups, capacity, bits=0):
         return _refinement(store, settings, state, runner, meta, groups, capacity, bits)
 
     exact = exact_bins(settings)
     method, hist, exact = select(hist, exact, arrays.get("verify/tail"), spec.core, pending, spec, refine,
-                                 lambda q, g: settle(store, settings, meta, runner, q, g))
+                                 lambda q, g: settle(store, settings, meta, runner, q, g), banded)
     trials = [_trial_section(spec, hist[t], exact[t], _trial_positives(state.positives, t), targets, t,
                              arrays["verify/auc"][t] if spec.auc else None) for t in range(hist.shape[0])]
     return _section(spec, method, trials, settings.std_ddof)

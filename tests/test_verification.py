@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from contextlib import contextmanager
 from fractions import Fraction
 
 import numpy as np
@@ -29,6 +30,34 @@ TARGETS = "0,0.001,0.01,0.1,0.29,0.5,1"
 CHUNKINGS = [dict(), dict(query_block=5, gallery_chunk=7), dict(query_block=64, gallery_chunk=13, workers=1)]
 TWO_PASS = dict(tail_budget=1)  # no tail fits: histogram, then refinement passes
 NARROW = dict(tail_budget=64, hist_bits=4)  # two entries per bin: refined down to single keys
+# Bands (a pilot places them; no tail, as when it would not fit): collected in the scoring pass;
+# counted there and collected by one refinement pass; placed below every distance (as a pilot misled
+# by its sample could), so the two-pass route takes over, counting the histogram again first.
+BANDS = {"bands": {}, "counted bands": {"COLLECT_SHARE": 0.0},
+         "missed bands": {"band_edges": lambda *_: (-2.0, -1.0, 0.01, -2.0)}}
+
+
+@contextmanager
+def routed(monkeypatch, route: str):
+    """Verification takes ``route``: a key of BANDS, else the one the options choose.  Yields the
+    list of how many targets each selection found in its bands."""
+    from streameval import bands, verification
+
+    found = []
+
+    def banded(*args):
+        out = selected(*args)
+        found.append(len(out))
+        return out
+
+    with monkeypatch.context() as patch:
+        if route in BANDS:
+            selected = verification._banded
+            patch.setattr(verification, "_banded", banded)
+            patch.setattr(verification.Spec, "sized_core", lambda *_: 0)
+            for name, value in BANDS[route].items():
+                patch.setattr(bands, name, value)
+        yield found
 
 
 # ------------------------------------------------------------------------------- the reference
@@ -132,7 +161,7 @@ CASES = {  # name: (protocol, overrides)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_verification_equals_the_pairs_reference_for_every_chunking_and_method(case):
+def test_verification_equals_the_pairs_reference_for_every_chunking_and_method(case, monkeypatch):
     spec, overrides = CASES[case]
     protocol = resolve(spec, **overrides)
     for seed in range(2):
@@ -144,15 +173,18 @@ def test_verification_equals_the_pairs_reference_for_every_chunking_and_method(c
                              n_stored)
         outputs = []
         for method, extra in (("tail", {}), ("tail", {"auc": False}), ("tail", {"auc": False, "hist_bits": 20}),
-                              ("two-pass", TWO_PASS), ("two-pass", NARROW)):
+                              ("two-pass", TWO_PASS), ("two-pass", NARROW), *((route, {"auc": False}) for route in BANDS)):
             for chunking in CHUNKINGS:
-                result = streameval.evaluate(arrays(qf, q_pid, q_cam, gf, g_pid, g_cam), metric="euclidean",
-                                             protocol=protocol, no_gom=True, verification=True, far=TARGETS,
-                                             **{"auc": True, **extra}, **chunking).to_dict()["verification"]
-                where = f"{case} seed {seed} {extra} {chunking}"
+                with routed(monkeypatch, method) as banded:
+                    result = streameval.evaluate(arrays(qf, q_pid, q_cam, gf, g_pid, g_cam), metric="euclidean",
+                                                 protocol=protocol, no_gom=True, verification=True, far=TARGETS,
+                                                 **{"auc": True, **extra}, **chunking).to_dict()["verification"]
+                where = f"{case} seed {seed} {method} {extra} {chunking}"
                 bits = extra.get("hist_bits", 16)
                 if method == "two-pass":
                     assert result["method"] == "two-pass", where
+                if method in BANDS:  # (the targets a tiny pilot cannot place take the two-pass route)
+                    assert bool(sum(banded)) == (method != "missed bands"), where
                 auc = extra.get("auc", True)
                 if len(pairs) == 1:
                     assert_trial(result, *pairs[0], TARGETS, bits, where, auc)
@@ -185,23 +217,30 @@ def test_near_ties_overflowing_the_tail_take_the_two_pass_route():
 
 @pytest.mark.parametrize("auc", [True, False])
 @pytest.mark.parametrize("gallery_chunk", [64, 400])
-def test_tail_and_two_pass_agree_on_real_valued_features_with_float32_windows(auc, gallery_chunk):
+def test_tail_and_two_pass_agree_on_real_valued_features_with_float32_windows(auc, gallery_chunk, monkeypatch):
     """Random float features: fast (float32 GEMM) distances differ from the canonical ones within
     their windows, so entries near each threshold are settled by reading their rows again.  (The
     one-pass curves are binned on fast distances with float32 GEMMs: left out here.)  Without the
     AUC the scoring pass counts a row at a time; one chunk of 400 rows holds more negatives than the
-    tail's length, so the tail's bound is placed from the block's own counts before it takes any."""
+    tail's length, so the tail's bound is placed from the block's own counts before it takes any.
+    Without the AUC the bands' routes too: members collected with their canonical distances."""
     rng = np.random.default_rng(5)
     qf, gf = rng.normal(size=(30, 64)).astype(np.float32), rng.normal(size=(400, 64)).astype(np.float32)
     data = arrays(qf, rng.integers(0, 40, 30), rng.integers(0, 4, 30), gf, rng.integers(0, 40, 400),
                   rng.integers(0, 4, 400))
     found = {}
-    for name, extra in (("tail", {}), ("two-pass", TWO_PASS), ("float64", dict(precision="float64"))):
-        result = streameval.evaluate(data, no_gom=True, verification=True, far="0.001,0.01,0.1", auc=auc,
-                                     gallery_chunk=gallery_chunk, **extra).to_dict()["verification"]
+    routes = (("tail", {}), ("two-pass", TWO_PASS), ("float64", dict(precision="float64")),
+              *(((route, {}) for route in BANDS) if not auc else ()))
+    for name, extra in routes:
+        with routed(monkeypatch, name) as banded:
+            result = streameval.evaluate(data, no_gom=True, verification=True, far="0.001,0.01,0.1", auc=auc,
+                                         gallery_chunk=gallery_chunk, **extra).to_dict()["verification"]
         found[name] = json.dumps(without_curves(result))
-        assert result["curves"]["exact"] == (name != "tail")
-    assert found["tail"] == found["two-pass"] == found["float64"]
+        if name in BANDS:
+            assert bool(sum(banded)) == (name != "missed bands"), name
+        # exact: binned on canonical distances where it mattered (as the two-pass route counts again)
+        assert result["curves"]["exact"] == (name == "float64" or result["method"] == "two-pass"), name
+    assert len(set(found.values())) == 1
 
 
 # ------------------------------------------------------------------------------ fixed vectors

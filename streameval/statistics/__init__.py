@@ -58,8 +58,22 @@ class Statistic:
     def merge_own(self, key: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
+    def copy_own(self, key: str, a: np.ndarray) -> np.ndarray:
+        """A copy of an own-merge field (a statistic whose buffers are mostly empty copies the used
+        part only: every chunk task copies its predecessor's state)."""
+        return a.copy()
+
 
 _MERGES = {"sum": np.add, "min": np.minimum, "max": np.maximum}
+
+
+def _filled(shape: tuple, fill, dtype) -> np.ndarray:
+    """A new field array; zeros by calloc, so a large buffer's untouched pages take no memory."""
+    return np.zeros(shape, dtype) if fill == 0 else np.full(shape, fill, dtype)
+
+
+def _copied(stat, spec: Field, key: str, a: np.ndarray) -> np.ndarray:
+    return stat.copy_own(key.split("/", 1)[1], a) if spec.merge == "own" else a.copy()
 
 
 def _merged(stat, spec: Field, key: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -86,12 +100,13 @@ class StatState:
     @classmethod
     def empty(cls, statistics: tuple, n_queries: int, n_positives: int) -> "StatState":
         rows = {"query": (n_queries,), "positive": (n_positives,), "global": ()}
-        arrays = {key: np.full(rows[spec.axis] + spec.shape, spec.fill, dtype=spec.dtype)
+        arrays = {key: _filled(rows[spec.axis] + spec.shape, spec.fill, spec.dtype)
                   for key, (_, spec) in cls.specs(statistics).items()}
         return cls(statistics, arrays)
 
     def copy(self) -> "StatState":
-        return StatState(self.statistics, {key: arr.copy() for key, arr in self.arrays.items()})
+        specs = self.specs(self.statistics)
+        return StatState(self.statistics, {key: _copied(*specs[key], key, arr) for key, arr in self.arrays.items()})
 
     def fields(self, statistic) -> dict:
         """The arrays of ``statistic`` by field name."""

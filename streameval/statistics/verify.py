@@ -221,20 +221,36 @@ def merge_tails(a, b, core):
     return out
 
 
-@_jit
-def merge_members(a, b):
-    """Per refinement job, the members of both states (disjoint rows: they fit the capacity, which
-    is the job's exact member count)."""
-    out = a.copy()
+def copy_entries(a: np.ndarray) -> np.ndarray:
+    """A copy of lists of entries (``a[job]``: header and entries): the used part only, the rest
+    zeros by calloc (numpy's ``zeros``, not numba's, which writes them): a band's buffer is mostly
+    empty, and every chunk task copies its state."""
+    out = np.zeros(a.shape, a.dtype)
     for job in range(a.shape[0]):
-        na = np.int64(a[job, 0, COUNT])
+        used = int(a[job, 0, COUNT]) + 1
+        out[job, :used] = a[job, :used]
+    return out
+
+
+def merge_members(a: np.ndarray, b: np.ndarray, capacities: np.ndarray) -> np.ndarray:
+    """Per job, the members of both states (disjoint rows); a job with more than its capacity
+    (``capacities``, the buffer's length if smaller) is marked overflowed.  A refinement's
+    capacity is its jobs' exact member counts: it never overflows (checked by the caller)."""
+    out = copy_entries(a)
+    _append_members(out, b, capacities)
+    return out
+
+
+@_jit
+def _append_members(out, b, capacities):
+    for job in range(out.shape[0]):
+        na = np.int64(out[job, 0, COUNT])
         nb_ = np.int64(b[job, 0, COUNT])
-        if na + nb_ >= a.shape[1] or b[job, 0, OVERFLOW] != 0.0:  # never: checked by the caller
+        if na + nb_ > min(capacities[job], out.shape[1] - 1) or b[job, 0, OVERFLOW] != 0.0:
             out[job, 0, OVERFLOW] = 1.0
             continue
         out[job, na + 1:na + nb_ + 1] = b[job, 1:nb_ + 1]
         out[job, 0, COUNT] = na + nb_
-    return out
 
 
 def entries_problem(entries: np.ndarray, gallery_rows: int, n_queries: int) -> str | None:
@@ -363,42 +379,72 @@ LANE_BINS = 1 << 16  # beyond this many bins (--hist-bits over 16) one histogram
 
 
 @_inline
-def _tail_pair(blk, i, j, bound, tail, core, q):
-    """Offer the pair (i, j), below its row's limit, to the tail; return the tail's bound."""
-    d = blk.dist[i, j]
-    w = kernels.distance_window(d, blk.qn[i], blk.gn[j], blk.metric, blk.c_dot)
-    if d - w < bound:
-        return _add(tail, core, d, w, np.float64(blk.g_start + j), q)
-    return bound
-
-
-@_jit
-def _scan_row(blk, i, negative, sh, sub, tail, core, q, bound, gn_max, count):
-    """Row i's kept negatives (``negative``): into the interleaved sub-histograms on their fast
-    distances when ``count``, and those below the row's limit into the tail (``bound``: its bound,
-    -inf for none); returns the tail's bound."""
+def _scan_row(blk, i, negative, sh, sub, limit, near, count):
+    """Row i's kept negatives (``negative``) into the interleaved sub-histograms on their fast
+    distances when ``count``; the columns of those below ``limit`` into ``near``, how many
+    returned (they are few: handled apart, the scan stays a tight loop)."""
     row = blk.dist[i].view(np.uint64)
-    limit = _limit(blk, i, bound, gn_max)
     n = row.shape[0]
     m = n - n % LANES if count else 0
     lane = sub.shape[0] - 1  # LANES or 1 sub-histograms
+    found = 0
     for j0 in range(0, m, LANES):
         for k in range(LANES):
             j = j0 + k
             sub[k & lane, _bits_key(row[j]) >> sh] += negative[j]
             if blk.dist[i, j] < limit and negative[j]:
-                moved = _tail_pair(blk, i, j, bound, tail, core, q)
-                if moved != bound:  # a compaction lowered it
-                    bound = moved
-                    limit = _limit(blk, i, bound, gn_max)
+                near[found] = j
+                found += 1
     for j in range(m, n):
         if count:
             sub[0, _bits_key(row[j]) >> sh] += negative[j]
         if blk.dist[i, j] < limit and negative[j]:
-            moved = _tail_pair(blk, i, j, bound, tail, core, q)
-            if moved != bound:  # a compaction lowered it
-                bound = moved
-                limit = _limit(blk, i, bound, gn_max)
+            near[found] = j
+            found += 1
+    return found
+
+
+@_jit
+def _offer_row(blk, i, near, found, q, tail, core, bound, lows, highs, capacities, scales, first, last, below, members,
+               fine, windows):
+    """Row i's pairs ``near[:found]`` (below its limit) to the trial's bands (jobs first..last-1,
+    ``band_jobs``) and its tail (``bound``: its bound, -inf for none); returns the tail's bound.
+
+    A collecting band (capacity > 0) counts a pair below it when certainly so, else the pair's
+    canonical distance decides between below, a member (collected exact, w = 0) and above.  A
+    counting band takes the fast distance: below it or into its fine histogram, and the widest
+    window it met (every pair below its high edge passes here).  (One loop, no helper: each call of
+    a helper taking the arrays would cost their reference counts, more than the pair's work.)"""
+    for e in range(found):
+        j = near[e]
+        d = blk.dist[i, j]
+        w = kernels.distance_window(d, blk.qn[i], blk.gn[j], blk.metric, blk.c_dot)
+        exact = np.nan  # the canonical distance, once needed
+        for b in range(first, last):
+            if capacities[b] == 0:
+                windows[b] = max(windows[b], w)
+                below[b] += d < lows[b]
+                if (lows[b] <= d) & (d < highs[b]):
+                    fine[b, min(np.int64((d - lows[b]) * scales[b]), fine.shape[1] - 1)] += 1
+            elif d + w < lows[b]:
+                below[b] += 1
+            elif d - w < highs[b]:
+                if exact != exact:
+                    exact = _canonical(blk, i, j)
+                if exact < lows[b]:
+                    below[b] += 1
+                elif exact < highs[b]:
+                    n = np.int64(members[b, 0, COUNT]) + 1
+                    if n > capacities[b]:  # the pilot misjudged the band: unusable
+                        members[b, 0, OVERFLOW] = 1.0
+                    else:
+                        members[b, n, 0] = exact
+                        members[b, n, 1] = 0.0
+                        members[b, n, 2] = np.float64(blk.g_start + j)
+                        members[b, n, 3] = q
+                        members[b, 0, COUNT] = n
+        if d - w < bound:
+            bound = _add(tail, core, d, w, np.float64(blk.g_start + j), q)
     return bound
 
 
@@ -441,40 +487,49 @@ def _seed_bound(entries, counts, sh, core, qn_max, gn_max, metric, c_dot):
 
 
 @_jit
-def update_verify_fast(blk, qrows, shift, hist, tails, core):
+def update_verify_fast(blk, qrows, shift, hist, tails, core, bands, count):
     """``update_verify`` without exact bins and AUC: kept negatives per trial into the histogram
     on their fast distances (a row at a time: its negatives masked first, then counted into
-    interleaved sub-histograms), and into the tails those below the per-row limit, in the same
-    scan.  A tail without a bound gets one from the block's counts first (``_seed_bound``), then
-    takes the block's pairs in a second scan."""
+    interleaved sub-histograms), and those below the row's limit into the tails and the bands
+    (``band_jobs`` and the bands' state; jobs of trial t: ``job_first[t]:job_first[t + 1]``) after
+    the row's scan.  A tail without a bound gets one from the block's counts first
+    (``_seed_bound``), then takes the block's pairs in a second scan.  Without ``count`` (a
+    refinement's bands) no histogram."""
+    lows, highs, capacities, scales, job_first, below, members, fine, windows = bands
     sh = np.uint64(shift)
     n_rows, n = blk.dist.shape
     gn_max = blk.gn.max() if n else 0.0
     qn_max = blk.qn.max() if n_rows else 0.0
     columns = np.empty((blk.any_table.shape[0], n), np.uint8)
     negative = np.empty(n, np.uint8)
+    near = np.empty(n, np.int64)
     sub = np.zeros((LANES if hist.shape[1] <= LANE_BINS else 1, hist.shape[1]), np.int64)
     no_tail = np.zeros((1, ENTRY))
     for t in range(hist.shape[0]):
         _trial_columns(blk, t, columns)
-        tail = tails[t] if tails.shape[1] > 1 else no_tail
-        seeding = tails.shape[1] > 1 and tail[0, KNOWN] == 0.0
-        bound = -np.inf if seeding else _bound(tail)
-        for i in range(n_rows):
-            if trial_bit(blk.q_bits[i], t) != 0:
+        has_tail = tails.shape[1] > 1
+        tail = tails[t] if has_tail else no_tail
+        seeding = has_tail and tail[0, KNOWN] == 0.0
+        bound = _bound(tail) if has_tail and not seeding else -np.inf
+        first, last = job_first[t], job_first[t + 1]
+        reach = highs[first:last].max() if last > first else -np.inf
+        for scan in range(2 if seeding else 1):  # seeding: count, seed the bound, then offer
+            if scan:
+                _seed_bound(tail, sub.sum(axis=0), shift, core, qn_max, gn_max, blk.metric, blk.c_dot)
+                bound = _bound(tail)
+                first = last  # the bands had the block's pairs
+                reach = -np.inf
+            for i in range(n_rows):
+                if trial_bit(blk.q_bits[i], t) == 0:
+                    continue
                 _row_negatives(blk, i, columns[blk.q_cix[i]], negative)
-                bound = _scan_row(blk, i, negative, sh, sub, tail, core, np.float64(qrows[i]), bound, gn_max, True)
-        counts = sub.sum(axis=0)
-        hist[t] += counts
+                limit = max(_limit(blk, i, bound, gn_max), _limit(blk, i, reach, gn_max))
+                found = _scan_row(blk, i, negative, sh, sub, limit, near, count and not scan)
+                if found:
+                    bound = _offer_row(blk, i, near, found, np.float64(qrows[i]), tail, core, bound, lows, highs,
+                                       capacities, scales, first, last, below, members, fine, windows)
+        hist[t] += sub.sum(axis=0)
         sub[:] = 0
-        if not seeding:
-            continue
-        _seed_bound(tail, counts, shift, core, qn_max, gn_max, blk.metric, blk.c_dot)
-        bound = _bound(tail)
-        for i in range(n_rows):
-            if trial_bit(blk.q_bits[i], t) != 0:
-                _row_negatives(blk, i, columns[blk.q_cix[i]], negative)
-                bound = _scan_row(blk, i, negative, sh, sub, tail, core, np.float64(qrows[i]), bound, gn_max, False)
 
 
 @_jit
@@ -536,21 +591,51 @@ def update_verify(blk, qrows, shift, exact_bins, hist, tails, core, auc, pool):
                         limits[t] = _limit(blk, i, bounds[t], gn_max)
 
 
+FINE_BINS = 1 << 12  # a counting band's histogram
+
+
+def band_jobs(bands, n_trials: int) -> tuple:
+    """The kernel's view of ``bands`` (a ``bands.Bands`` or None): lows, highs, capacities (0: a
+    counting job), the fine bins per unit of distance, and per trial t the first job's index (jobs
+    sorted by trial; trial t's are job_first[t]:job_first[t + 1])."""
+    if bands is None:
+        return np.empty(0), np.empty(0), np.empty(0, np.int64), np.empty(0), np.zeros(n_trials + 1, np.int64)
+    trials = np.array([t for t, _ in bands.keys], np.int64)
+    lows, highs = np.array(bands.lows, np.float64), np.array(bands.highs, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):  # (a collecting band may start at -inf: no bins)
+        scales = np.where(np.isfinite(lows) & (highs > lows), FINE_BINS / (highs - lows), 0.0)
+    return (lows, highs, np.array(bands.capacities, np.int64), scales,
+            np.searchsorted(trials, np.arange(n_trials + 1)).astype(np.int64))
+
+
 class Verify(Statistic):
     """Fields (all global, per trial): ``hist`` (kept negatives per bin of the top ``bits`` key
     bits; ``exact_bins``: decided on the canonical distance where the window could change the bin,
     else on the fast one), ``tail`` (with ``core`` > 0: the tail of the ``core`` smallest), ``auc``
-    (with ``auc``: sum over negatives of 2 #{pos < d} + #{pos = d})."""
+    (with ``auc``: sum over negatives of 2 #{pos < d} + #{pos = d}); per job of ``bands`` (a
+    ``bands.Bands``: a trial and a range [low, high) placed by a pilot), ``below`` (negatives below
+    it) and ``band`` (a collecting job's members, exact, up to its capacity) or ``fine`` and
+    ``window`` (a counting job's histogram over the range, on fast distances, and the widest window
+    met).  Without ``count`` no negative is added to ``hist`` (a refinement pass's bands)."""
 
     name = "verify"
 
-    def __init__(self, n_trials: int, bits: int, core: int, auc: bool, exact_bins: bool):
-        self.bits, self.core, self.pools, self.exact_bins = bits, core, auc, exact_bins
+    def __init__(self, n_trials: int, bits: int, core: int, auc: bool, exact_bins: bool, bands=None,
+                 count: bool = True):
+        self.bits, self.core, self.pools, self.exact_bins, self.count = bits, core, auc, exact_bins, count
+        self.jobs = band_jobs(bands, n_trials)
         self.fields = {"hist": Field("global", np.int64, (n_trials, 2**bits))}
         if core:
             self.fields["tail"] = Field("global", np.float64, (n_trials, capacity(core) + 1, ENTRY), 0.0, "own")
         if auc:
             self.fields["auc"] = Field("global", np.int64, (n_trials,))
+        if bands is not None:
+            self.fields["band"] = Field("global", np.float64, (len(bands.keys), max(bands.capacities) + 1, ENTRY),
+                                        0.0, "own")
+            self.fields["below"] = Field("global", np.int64, (len(bands.keys),))
+            if not all(bands.capacities):
+                self.fields["fine"] = Field("global", np.int64, (len(bands.keys), FINE_BINS))
+                self.fields["window"] = Field("global", np.float64, (len(bands.keys),), 0.0, "max")
 
     def prepare(self, meta, queries, positives):
         return queries.index
@@ -566,10 +651,15 @@ class Verify(Statistic):
         if self.exact_bins or self.pools:
             update_verify(blk, aux[rows], 64 - self.bits, self.exact_bins, state["hist"], tails, self.core, auc, pool)
         else:
-            update_verify_fast(blk, aux[rows], 64 - self.bits, state["hist"], tails, self.core)
+            bands = (*self.jobs, state.get("below", np.zeros(0, np.int64)), state.get("band", np.zeros((0, 1, ENTRY))),
+                     state.get("fine", np.zeros((0, 1), np.int64)), state.get("window", np.zeros(0)))
+            update_verify_fast(blk, aux[rows], 64 - self.bits, state["hist"], tails, self.core, bands, self.count)
 
     def merge_own(self, key: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return merge_tails(a, b, self.core)
+        return merge_tails(a, b, self.core) if key == "tail" else merge_members(a, b, self.jobs[2])
+
+    def copy_own(self, key: str, a: np.ndarray) -> np.ndarray:
+        return copy_entries(a)
 
 
 # ---------------------------------------------------------------------------------- refinement
@@ -650,4 +740,7 @@ class Refine(Statistic):
         update_refine(blk, aux[rows], *self.jobs, state["hist"], members)
 
     def merge_own(self, key: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return merge_members(a, b)
+        return merge_members(a, b, np.full(a.shape[0], a.shape[1] - 1, np.int64))
+
+    def copy_own(self, key: str, a: np.ndarray) -> np.ndarray:
+        return copy_entries(a)
