@@ -37,12 +37,16 @@ GRID = 1 << 16  # candidate edges, spread evenly over the pilot's pooled distanc
 @dataclass(frozen=True)
 class Bands:
     """Per job (a trial and a FAR target as written, sorted by trial): the band [low, high) and
-    the most members the scoring pass keeps."""
+    the most members the scoring pass keeps (0: it counts).  ``first``: with minmax GOM
+    normalisation, whose first pass reads every pair anyway, the counting jobs ride it (a Bands of
+    their own) and the jobs of the same keys here collect what their counts single out
+    (``singled_out``: their edges come from the first pass, these are the pilot's)."""
 
     keys: tuple
     lows: tuple
     highs: tuple
     capacities: tuple
+    first: "Bands | None" = None
 
 
 def eligible(settings) -> bool:
@@ -91,8 +95,47 @@ def place(store, settings, runner, meta):
         room -= capacity  # the others count (and a refinement pass collects the few members their counts single out)
         placed.append((t, x, low, high, capacity) if room >= 0 else (t, x, max(low, lowest), high, 0))
     placed.sort(key=lambda job: job[0])
-    keys, lows, highs, capacities = zip(*[((t, x), low, high, capacity) for t, x, low, high, capacity in placed])
-    return replace(settings, verification=replace(spec, bands=Bands(keys, lows, highs, capacities)))
+    bands = Bands(*zip(*[((t, x), low, high, capacity) for t, x, low, high, capacity in placed]))
+    if settings.minmax and not all(bands.capacities):
+        bands = _riding_the_first_pass(bands, spec.tail_budget // ENTRY_BYTES - sum(bands.capacities))
+    return replace(settings, verification=replace(spec, bands=bands))
+
+
+def _riding_the_first_pass(bands: Bands, room: int) -> Bands:
+    """``bands`` with its counting jobs moved to the first pass, and collecting the bands their
+    counts single out in the scoring pass, the budget's ``room`` shared among them."""
+    counting = [job for job, capacity in enumerate(bands.capacities) if not capacity]
+    first = Bands(*(tuple(column[job] for job in counting) for column in (bands.keys, bands.lows, bands.highs,
+                                                                          bands.capacities)))
+    share = max(room // len(counting), 1)
+    return replace(bands, capacities=tuple(capacity or share for capacity in bands.capacities), first=first)
+
+
+def singled_out(bands: Bands, arrays: dict, ks: dict) -> dict:
+    """Per counting job of ``bands`` whose counts (``arrays``: its state) bracket its target (``ks``:
+    key -> k): key -> (low, high, capacity) of the band that collects the (k+1)-th smallest.  The
+    fast distances below a fine edge e number at most k and those below a fine edge e' at least
+    k + 1, so the canonical ones below e - w at most k and below e' + w at least k + 1 (w: the widest
+    window met); the band [e - w, e' + w) is widened by a fine bin for the bins' rounding.  Its
+    capacity: the fast counts over it, with room."""
+    from .statistics.verify import FINE_BINS, band_jobs
+
+    lows, _, _, scales, _ = band_jobs(bands, 1 + max(t for t, _ in bands.keys))
+    out = {}
+    for job, key in enumerate(bands.keys):
+        k = ks.get(key)
+        if bands.capacities[job] or k is None:
+            continue
+        cum = int(arrays["verify/below"][job]) + np.concatenate([[0], np.cumsum(arrays["verify/fine"][job])])
+        if cum[0] > k or cum[-1] < k + 1:  # the pilot misplaced the range
+            continue
+        margin = 2 * float(arrays["verify/window"][job]) + 1 / scales[job]
+        low = lows[job] + (int(np.searchsorted(cum, k, side="right")) - 1) / scales[job] - margin
+        high = lows[job] + int(np.searchsorted(cum, k + 1, side="left")) / scales[job] + margin
+        first, last = (int(np.clip(math.floor((x - lows[job]) * scales[job]) + shift, 0, FINE_BINS))
+                       for x, shift in ((low, 0), (high, 1)))
+        out[key] = (low, high, math.ceil(1.25 * (cum[last] - cum[first])) + 1024)
+    return out
 
 
 def sample_rows(rows: int, n_pairs: int, rates: list, budget: int) -> int:

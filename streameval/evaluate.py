@@ -137,7 +137,18 @@ class Settings:
         return graph.Scoring(
             np.dtype(self.precision), kernels.METRIC_CODES[self.metric], self.rules, self.gom,
             kernels.dot_error_bound(dim, self.precision), stats, similarity=self.metric == "similarity",
+            first=self.first_statistics(),
         )
+
+    def first_statistics(self) -> tuple:
+        """The statistics riding minmax GOM normalisation's first pass: verification's counting
+        bands when they do (``bands.Bands.first``)."""
+        bands = None if self.verification is None else self.verification.bands
+        if bands is None or bands.first is None:
+            return ()
+        from .statistics.verify import Verify
+
+        return (Verify(self.n_trials, self.verification.hist_bits, 0, False, False, bands.first),)
 
     @property
     def minmax(self) -> bool:

@@ -5,6 +5,7 @@ protocol includes them: ``gallery_parts``), each built per query block (``Plan``
 
     load_rows(queries) ─┬─> find_positive_pairs(chunk 0..C) ─> collect_positives     positives pass
                         ├─> [minmax GOM only] block_range(chunk 0..C) ─> tree of min/max  range pass
+                        │     (range_chunk when statistics ride it: ``Scoring.first``, ``after_first``)
                         └─> score_chunk(chunk 0..C, positives, normalisation)            scoring pass
                               in W chains (chunk w, w+W, ...) ─> tree of StatState.merge
 
@@ -27,7 +28,7 @@ O(workers) states are alive at once, however many chunks the gallery has.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import reduce
 
 import numpy as np
@@ -61,6 +62,7 @@ class Scoring:
     dot_bound: float
     statistics: tuple
     similarity: bool = False  # a similarity store: its values are negated into distances
+    first: tuple = ()  # statistics riding minmax normalisation's first pass (``after_first`` hands theirs on)
 
     @property
     def n_trials(self) -> int:
@@ -79,12 +81,14 @@ class Metadata:
 
 @dataclass(frozen=True)
 class PassContext:
-    """What a scoring task's statistics share: per trial GOM normalisations, the metadata, and
-    what statistics comparing pairs with every positive of the run take from them (``pooled``)."""
+    """What a scoring task's statistics share: per trial GOM normalisations, the metadata, what
+    statistics comparing pairs with every positive of the run take from them (``pooled``), and what
+    statistics take from the first pass's state (``later``)."""
 
     norms: tuple
     meta: Metadata
     pooled: dict = field(default_factory=dict)
+    later: dict = field(default_factory=dict)  # what statistics take from the first pass (``after_first``)
 
 
 @dataclass(frozen=True)
@@ -255,14 +259,35 @@ def block_range(part: Part, start: int, stop: int, queries: Rows, scoring: Scori
     chunk = load_rows(part.fs, slice(start, stop), scoring, meta, part)
     ranges = [DistanceRange(np.inf, -np.inf)] * scoring.n_trials
     for rows, dots in _sub_blocks(queries, chunk, part, start, stop, scoring):
-        for t in range(scoring.n_trials):
-            q, g = _in_trial(queries.bits[rows], t), _in_trial(chunk.bits, t)
-            trial_dots = dots if isinstance(q, slice) and isinstance(g, slice) else np.ascontiguousarray(dots[q][:, g])
-            found = kernels.distance_range(
-                trial_dots, exact_source(queries.features[rows][q], trial_dots, scoring), chunk.features[g], queries.terms[rows][q], chunk.terms[g],
-                queries.norms[rows][q], chunk.norms[g], scoring.metric, scoring.dot_bound)
-            ranges[t] = DistanceRange.merge(ranges[t], DistanceRange(*found))
+        ranges = _with_range(ranges, queries, rows, chunk, dots, scoring)
     return ranges
+
+
+def _with_range(ranges: list, queries: Rows, rows: slice, chunk: Rows, dots: np.ndarray, scoring: Scoring) -> list:
+    """``ranges`` merged with the per-trial range of the sub-block's pairs (dot products ``dots``)."""
+    out = []
+    for t, known in enumerate(ranges):
+        q, g = _in_trial(queries.bits[rows], t), _in_trial(chunk.bits, t)
+        trial_dots = dots if isinstance(q, slice) and isinstance(g, slice) else np.ascontiguousarray(dots[q][:, g])
+        found = kernels.distance_range(
+            trial_dots, exact_source(queries.features[rows][q], trial_dots, scoring), chunk.features[g],
+            queries.terms[rows][q], chunk.terms[g], queries.norms[rows][q], chunk.norms[g], scoring.metric,
+            scoring.dot_bound)
+        out.append(DistanceRange.merge(known, DistanceRange(*found)))
+    return out
+
+
+def range_chunk(part: Part, start: int, stop: int, queries: Rows, positives: Positives, aux: tuple,
+                scoring: Scoring, run: PassContext) -> tuple:
+    """``block_range`` and, over the same distance blocks, the state of the statistics riding the
+    first pass (``scoring.first``): (ranges, StatState)."""
+    riding = replace(scoring, statistics=scoring.first)
+    state = StatState.empty(riding.statistics, len(queries.pids), positives.dist.shape[0])
+    ranges = [DistanceRange(np.inf, -np.inf)] * scoring.n_trials
+    for rows, dots, chunk, blk in _blocks(part, start, stop, queries, positives, riding, run.meta):
+        ranges = _with_range(ranges, queries, rows, chunk, dots, scoring)
+        _update(riding.statistics, aux, blk, rows, state, run)
+    return ranges, state
 
 
 def positives_range(positives: Positives, n_trials: int) -> list:
@@ -299,21 +324,33 @@ def score_chunk(part: Part, start: int, stop: int, queries: Rows, positives: Pos
         state = StatState.empty(scoring.statistics, len(queries.pids), positives.dist.shape[0])
     else:  # a copy, so a task never changes its input (Dask may hold or re-use it)
         state = before.copy()
-    chunk = load_rows(part.fs, slice(start, stop), scoring, run.meta, part)
+    for rows, _, _, blk in _blocks(part, start, stop, queries, positives, scoring, run.meta):
+        _update(scoring.statistics, aux, blk, rows, state, run)
+    return state
+
+
+def _blocks(part: Part, start: int, stop: int, queries: Rows, positives: Positives, scoring: Scoring, meta):
+    """(query row slice, dot products, the part's rows, Block) per query sub-block of the part's
+    rows [start, stop)."""
+    chunk = load_rows(part.fs, slice(start, stop), scoring, meta, part)
     junk = scoring.rules.junk_mask(chunk.pids)
     for rows, dots in _sub_blocks(queries, chunk, part, start, stop, scoring):
         dist = _buffer("distances", np.float64, dots.shape)
         fill_distances(dots, queries.terms[rows], chunk.terms, scoring.metric, dist)
         q_cix, g_cix, table = camera_table(scoring.rules.protocol.x_any, queries.camids[rows], chunk.camids)
-        blk = Block(dist, exact_source(queries.features[rows], dots, scoring), chunk.features, queries.terms[rows], chunk.terms, queries.norms[rows],
-                    chunk.norms, scoring.metric, scoring.dot_bound, queries.pids[rows], chunk.pids, junk, q_cix, g_cix,
-                    table, queries.bits[rows], chunk.bits, part.offset + start,
-                    positives.offsets[rows.start:rows.stop + 1], positives.dist, positives.gidx, positives.bits)
-        for stat, extra in zip(scoring.statistics, aux):
-            views = {name: arr[rows] if stat.fields[name].axis == "query" else arr
-                     for name, arr in state.fields(stat).items()}
-            stat.update(blk, rows, views, extra, run)
-    return state
+        yield rows, dots, chunk, Block(
+            dist, exact_source(queries.features[rows], dots, scoring), chunk.features, queries.terms[rows],
+            chunk.terms, queries.norms[rows], chunk.norms, scoring.metric, scoring.dot_bound, queries.pids[rows],
+            chunk.pids, junk, q_cix, g_cix, table, queries.bits[rows], chunk.bits, part.offset + start,
+            positives.offsets[rows.start:rows.stop + 1], positives.dist, positives.gidx, positives.bits)
+
+
+def _update(statistics: tuple, aux: tuple, blk, rows: slice, state: StatState, run: PassContext) -> None:
+    """Every statistic's update on one Block (its query-axis arrays viewed at the block's rows)."""
+    for stat, extra in zip(statistics, aux):
+        views = {name: arr[rows] if stat.fields[name].axis == "query" else arr
+                 for name, arr in state.fields(stat).items()}
+        stat.update(blk, rows, views, extra, run)
 
 
 def _merge_all(merge, *states):
@@ -379,6 +416,27 @@ def range_pass(parts: tuple, plan: Plan, scoring: Scoring, meta, blocks, sizes: 
     return tree_reduce(ranges, merge_ranges)
 
 
+def first_pass(parts: tuple, plan: Plan, scoring: Scoring, meta, blocks, sizes: list):
+    """``range_pass`` with the statistics riding it (``scoring.first``): delayed (ranges, the
+    state of all queries of those statistics: global fields only, merged across query blocks)."""
+    run = PassContext(normalisations(None, None, scoring.n_trials), meta)
+    tasks = []
+    for n_queries, (queries, positives) in zip(sizes, blocks):
+        aux = delayed(prepare)(scoring.first, meta, queries, positives)
+        tasks += [delayed(range_chunk, nout=2)(part, a, b, queries, positives, aux, scoring, run,
+                                               dask_key_name=work_key("range", distance_work(part.fs, n_queries, a, b)))
+                  for part, a, b in gallery_chunks(plan, parts)]
+    ranges = [task[0] for task in tasks] + [delayed(positives_range)(positives, scoring.n_trials)
+                                            for _, positives in blocks]
+    return tree_reduce(ranges, merge_ranges), tree_reduce([task[1] for task in tasks], StatState.merge)
+
+
+def after_first(statistics: tuple, first: StatState) -> dict:
+    """Statistic name -> what it takes from the first pass's state (``after_first``), if anything."""
+    found = {stat.name: getattr(stat, "after_first", lambda _: None)(first) for stat in statistics}
+    return {name: value for name, value in found.items() if value is not None}
+
+
 def scoring_pass(parts: tuple, plan: Plan, scoring: Scoring, n_queries: int, queries, positives, run, meta,
                  start: int, stop: int, pass_name: str = "scoring"):
     """Delayed StatState of one block of ``n_queries`` queries over extended rows [start, stop): a
@@ -419,10 +477,16 @@ def build(query: FeatureSet, parts: tuple, plan: Plan, scoring: Scoring, meta: M
     blocks = positives_pass(query, parts, plan, scoring, meta)
     sizes = [block_size(rows) for rows in query_blocks(plan, None, len(query))]
     minmax = scoring.gom is not None and scoring.gom.norm == "minmax"
-    dist_ranges = range_pass(parts, plan, scoring, meta, blocks, sizes) if minmax else None
+    later = {}
+    if minmax and scoring.first:
+        dist_ranges, first = first_pass(parts, plan, scoring, meta, blocks, sizes)
+        later = delayed(after_first)(scoring.statistics, first)
+    else:
+        dist_ranges = range_pass(parts, plan, scoring, meta, blocks, sizes) if minmax else None
     pools = any(getattr(stat, "pools", False) for stat in scoring.statistics)
     everyone = delayed(pooled)(scoring.statistics, *[positives for _, positives in blocks]) if pools else {}
-    run = delayed(PassContext)(delayed(normalisations)(scoring.gom, dist_ranges, scoring.n_trials), meta, everyone)
+    run = delayed(PassContext)(delayed(normalisations)(scoring.gom, dist_ranges, scoring.n_trials), meta, everyone,
+                               later)
     end = extended_rows(parts)
     states = [scoring_pass(parts, plan, scoring, n_queries, queries, positives, run, meta, 0, end)
               for n_queries, (queries, positives) in zip(sizes, blocks)]

@@ -420,35 +420,17 @@ def _banded(bands, arrays: dict, targets: dict) -> list:
 
 
 def _counted(bands, arrays: dict, targets: dict, budget: int):
-    """Collecting bands for a refinement pass (a ``bands.Bands``, or None), one per counting job
-    whose counts bracket its target: the fast distances below a fine edge e are at most k and below
-    a fine edge e' at least k + 1, so the canonical ones below e - w at most k and below e' + w at
-    least k + 1 (w: the widest window met), the band [e - w, e' + w) widened by a fine bin for
-    the bins' rounding.  Its capacity: the fast counts over the band, with room."""
-    from .bands import Bands
-    from .statistics.verify import ENTRY_BYTES, FINE_BINS, band_jobs
+    """Collecting bands for a refinement pass (a ``bands.Bands``, or None): those the counting
+    jobs single out (``bands.singled_out``), while they fit the budget."""
+    from .bands import Bands, singled_out
+    from .statistics.verify import ENTRY_BYTES
 
-    lows, _, _, scales, _ = band_jobs(bands, 1 + max(t for t, _ in bands.keys))
     room, jobs = budget // ENTRY_BYTES, []
-    for job, key in enumerate(bands.keys):
-        target = targets.get(key)
-        if bands.capacities[job] or target is None:
-            continue
-        cum = int(arrays["verify/below"][job]) + np.concatenate([[0], np.cumsum(arrays["verify/fine"][job])])
-        if cum[0] > target.k or cum[-1] < target.k + 1:  # the pilot misplaced the range
-            continue
-        margin = 2 * float(arrays["verify/window"][job]) + 1 / scales[job]
-        low = lows[job] + (int(np.searchsorted(cum, target.k, side="right")) - 1) / scales[job] - margin
-        high = lows[job] + int(np.searchsorted(cum, target.k + 1, side="left")) / scales[job] + margin
-        first, last = (int(np.clip(math.floor((x - lows[job]) * scales[job]) + shift, 0, FINE_BINS))
-                       for x, shift in ((low, 0), (high, 1)))
-        capacity = math.ceil(1.25 * (cum[last] - cum[first])) + 1024
+    for key, (low, high, capacity) in singled_out(bands, arrays, {key: t.k for key, t in targets.items()}).items():
         room -= capacity
         if room >= 0:
             jobs.append((key, low, high, capacity))
-    if not jobs:
-        return None
-    return Bands(*(tuple(column) for column in zip(*jobs)))
+    return Bands(*(tuple(column) for column in zip(*jobs))) if jobs else None
 
 
 def report(store, settings, state, runner, meta) -> dict | None:
@@ -466,8 +448,8 @@ def report(store, settings, state, runner, meta) -> dict | None:
     selecting = {key: target for key, target in targets.items() if target.k < n_neg[target.trial]}
     banded = []
     if spec.bands:
-        banded = _banded(spec.bands, arrays, selecting)
-        refined = _counted(spec.bands, arrays, selecting, spec.tail_budget)
+        banded = _banded(spec.bands, arrays, selecting)  # (riding the first pass: they all collected)
+        refined = _counted(spec.bands, arrays, selecting, spec.tail_budget) if spec.bands.first is None else None
         if refined:
             stat = Verify(hist.shape[0], spec.hist_bits, 0, False, False, refined, count=False)
             banded += _banded(refined, _pass(store, settings, state, runner, meta, stat).arrays, selecting)

@@ -31,10 +31,12 @@ CHUNKINGS = [dict(), dict(query_block=5, gallery_chunk=7), dict(query_block=64, 
 TWO_PASS = dict(tail_budget=1)  # no tail fits: histogram, then refinement passes
 NARROW = dict(tail_budget=64, hist_bits=4)  # two entries per bin: refined down to single keys
 # Bands (a pilot places them; no tail, as when it would not fit): collected in the scoring pass;
-# counted there and collected by one refinement pass; placed below every distance (as a pilot misled
-# by its sample could), so the two-pass route takes over, counting the histogram again first.
-BANDS = {"bands": {}, "counted bands": {"COLLECT_SHARE": 0.0},
+# counted there and collected by one refinement pass; counted in minmax GOM's first pass and
+# collected in its scoring pass; placed below every distance (as a pilot misled by its sample
+# could), so the two-pass route takes over, counting the histogram again first.
+BANDS = {"bands": {}, "counted bands": {"COLLECT_SHARE": 0.0}, "first-pass bands": {"COLLECT_SHARE": 0.0},
          "missed bands": {"band_edges": lambda *_: (-2.0, -1.0, 0.01, -2.0)}}
+BAND_OPTIONS = {"first-pass bands": {"no_gom": False}}
 
 
 @contextmanager
@@ -173,12 +175,14 @@ def test_verification_equals_the_pairs_reference_for_every_chunking_and_method(c
                              n_stored)
         outputs = []
         for method, extra in (("tail", {}), ("tail", {"auc": False}), ("tail", {"auc": False, "hist_bits": 20}),
-                              ("two-pass", TWO_PASS), ("two-pass", NARROW), *((route, {"auc": False}) for route in BANDS)):
+                              ("two-pass", TWO_PASS), ("two-pass", NARROW),
+                              *((route, {"auc": False, **BAND_OPTIONS.get(route, {})}) for route in BANDS)):
             for chunking in CHUNKINGS:
                 with routed(monkeypatch, method) as banded:
                     result = streameval.evaluate(arrays(qf, q_pid, q_cam, gf, g_pid, g_cam), metric="euclidean",
-                                                 protocol=protocol, no_gom=True, verification=True, far=TARGETS,
-                                                 **{"auc": True, **extra}, **chunking).to_dict()["verification"]
+                                                 protocol=protocol, verification=True, far=TARGETS,
+                                                 **{"no_gom": True, "auc": True, **extra}, **chunking
+                                                 ).to_dict()["verification"]
                 where = f"{case} seed {seed} {method} {extra} {chunking}"
                 bits = extra.get("hist_bits", 16)
                 if method == "two-pass":
@@ -230,11 +234,12 @@ def test_tail_and_two_pass_agree_on_real_valued_features_with_float32_windows(au
                   rng.integers(0, 4, 400))
     found = {}
     routes = (("tail", {}), ("two-pass", TWO_PASS), ("float64", dict(precision="float64")),
-              *(((route, {}) for route in BANDS) if not auc else ()))
+              *(((route, BAND_OPTIONS.get(route, {})) for route in BANDS) if not auc else ()))
     for name, extra in routes:
         with routed(monkeypatch, name) as banded:
-            result = streameval.evaluate(data, no_gom=True, verification=True, far="0.001,0.01,0.1", auc=auc,
-                                         gallery_chunk=gallery_chunk, **extra).to_dict()["verification"]
+            result = streameval.evaluate(data, verification=True, far="0.001,0.01,0.1", auc=auc,
+                                         gallery_chunk=gallery_chunk, **{"no_gom": True, **extra}
+                                         ).to_dict()["verification"]
         found[name] = json.dumps(without_curves(result))
         if name in BANDS:
             assert bool(sum(banded)) == (name != "missed bands"), name
@@ -366,14 +371,20 @@ def test_cli_options_summary_and_errors(tmp_path):
         assert run.exit_code == 2 and message in run.output and run.output.count("\n") == 1, run.output
 
 
-def test_local_cluster_equals_threaded_for_both_methods(tmp_path):
+def test_local_cluster_equals_threaded_for_both_methods(tmp_path, monkeypatch):
+    """The two-pass route, and bands counted in minmax GOM's first pass (the pilot's tasks, the
+    riding statistic and its hand-over to the scoring pass on the workers)."""
     pytest.importorskip("distributed")
     data = str(tmp_path / "s.zarr")  # on disk: the workers are other processes
     streameval.write_store(data, *problem(0))
-    options = dict(no_gom=True, verification=True, far=TARGETS, auc=True, gallery_chunk=9, **TWO_PASS)
-    threaded = streameval.evaluate(data, **options).verification
-    clustered = streameval.evaluate(data, cluster="local", n_workers=2, threads_per_worker=1, **options).verification
-    assert clustered == threaded and threaded["method"] == "two-pass"
+    for route, options in (("two-pass", dict(no_gom=True, auc=True, **TWO_PASS)), ("first-pass bands", {})):
+        options = dict(verification=True, far=TARGETS, gallery_chunk=9, **options)
+        with routed(monkeypatch, route) as banded:
+            threaded = streameval.evaluate(data, **options).verification
+            clustered = streameval.evaluate(data, cluster="local", n_workers=2, threads_per_worker=1,
+                                            **options).verification
+        assert clustered == threaded, route
+        assert threaded["method"] == "two-pass" if route == "two-pass" else banded[0] == banded[1] > 0
 
 
 def test_forged_tails_in_a_state_are_refused(tmp_path):

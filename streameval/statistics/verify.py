@@ -36,6 +36,7 @@ the entries.  The same layout holds a refinement's members (``Refine``), without
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numba as nb
 import numpy as np
@@ -623,7 +624,7 @@ class Verify(Statistic):
     def __init__(self, n_trials: int, bits: int, core: int, auc: bool, exact_bins: bool, bands=None,
                  count: bool = True):
         self.bits, self.core, self.pools, self.exact_bins, self.count = bits, core, auc, exact_bins, count
-        self.jobs = band_jobs(bands, n_trials)
+        self.bands, self.jobs = bands, band_jobs(bands, n_trials)
         self.fields = {"hist": Field("global", np.int64, (n_trials, 2**bits))}
         if core:
             self.fields["tail"] = Field("global", np.float64, (n_trials, capacity(core) + 1, ENTRY), 0.0, "own")
@@ -651,12 +652,31 @@ class Verify(Statistic):
         if self.exact_bins or self.pools:
             update_verify(blk, aux[rows], 64 - self.bits, self.exact_bins, state["hist"], tails, self.core, auc, pool)
         else:
-            bands = (*self.jobs, state.get("below", np.zeros(0, np.int64)), state.get("band", np.zeros((0, 1, ENTRY))),
+            bands = (*run.later.get(self.name, self.jobs), state.get("below", np.zeros(0, np.int64)),
+                     state.get("band", np.zeros((0, 1, ENTRY))),
                      state.get("fine", np.zeros((0, 1), np.int64)), state.get("window", np.zeros(0)))
             update_verify_fast(blk, aux[rows], 64 - self.bits, state["hist"], tails, self.core, bands, self.count)
 
     def merge_own(self, key: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return merge_tails(a, b, self.core) if key == "tail" else merge_members(a, b, self.jobs[2])
+
+    def after_first(self, first) -> tuple | None:
+        """The kernel's view of the bands for the scoring pass when some ride the first pass
+        (``bands.Bands.first``): their edges from its counts (``first``: its StatState), an empty
+        band where they single out none (its target then takes the two-pass route)."""
+        if self.bands is None or self.bands.first is None:
+            return None
+        from ..bands import singled_out
+        from ..verification import k_of
+
+        n_trials = self.fields["hist"].shape[0]
+        n_neg = first.arrays["verify/hist"].sum(axis=1)
+        ks = {(t, x): k_of(x, int(n_neg[t])) for t, x in self.bands.first.keys}
+        found = singled_out(self.bands.first, first.arrays, {key: k for key, k in ks.items() if k < n_neg[key[0]]})
+        edges = [found.get(key, (-np.inf, -np.inf))[:2] if key in self.bands.first.keys else (low, high)
+                 for key, low, high in zip(self.bands.keys, self.bands.lows, self.bands.highs)]
+        lows, highs = zip(*edges)
+        return band_jobs(replace(self.bands, lows=lows, highs=highs), n_trials)
 
     def copy_own(self, key: str, a: np.ndarray) -> np.ndarray:
         return copy_entries(a)
