@@ -103,12 +103,12 @@ def place(store, settings, runner, meta):
 
 def _riding_the_first_pass(bands: Bands, room: int) -> Bands:
     """``bands`` with its counting jobs moved to the first pass, and collecting the bands their
-    counts single out in the scoring pass, the budget's ``room`` shared among them."""
+    counts single out in the scoring pass, each with the budget's ``room`` for a buffer (only what
+    they hold takes memory; their capacities, set from the counts, share it: ``Verify.after_first``)."""
     counting = [job for job, capacity in enumerate(bands.capacities) if not capacity]
     first = Bands(*(tuple(column[job] for job in counting) for column in (bands.keys, bands.lows, bands.highs,
                                                                           bands.capacities)))
-    share = max(room // len(counting), 1)
-    return replace(bands, capacities=tuple(capacity or share for capacity in bands.capacities), first=first)
+    return replace(bands, capacities=tuple(capacity or max(room, 1) for capacity in bands.capacities), first=first)
 
 
 def singled_out(bands: Bands, arrays: dict, ks: dict) -> dict:

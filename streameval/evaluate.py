@@ -370,9 +370,9 @@ def evaluate(
     and ranks ``dir_ranks`` (default 1, 5, 10, 20), k rounded as ``fpir_rounding`` ("round": half
     up, as Liao; or "floor") (docs/open-set.md).
     """
+    from .bands import place as place_bands
     from .openset import request as open_set_request
     from .ranked import request
-    from .bands import place as place_bands
     from .verification import report as verification_report
     from .verification import request as verification_request
 
@@ -500,9 +500,10 @@ def full_state(store: Store, settings: Settings, runner: Runner, meta: graph.Met
     parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
     meta = gallery_metadata(store, settings) if meta is None else meta
     scoring = settings.scoring(store.dim, meta)
-    positives, states, dist_range = runner.compute(graph.build(store.query, parts, runner.plan, scoring, meta))
-    query_state = QueryState(Positives.concat(positives), StatState.concat(states), dist_range,
-                             graph.extended_rows(parts))
+    positives, states, dist_range, first = runner.compute(graph.build(store.query, parts, runner.plan, scoring, meta))
+    stats = StatState.concat(states)
+    query_state = QueryState(Positives.concat(positives), stats if first is None else stats.with_first(first),
+                             dist_range, graph.extended_rows(parts))
     passes = 2 if settings.minmax else 1
     read = graph.rows_bytes(store.query, len(store.query)) + sum(
         graph.positives_pass_bytes(runner.plan, parts, block, 0, query_state.gallery_rows)

@@ -469,15 +469,15 @@ def positives_pass_work(query: FeatureSet, parts: tuple, plan: Plan, start: int 
 
 def build(query: FeatureSet, parts: tuple, plan: Plan, scoring: Scoring, meta: Metadata):
     """The full evaluation, one delayed (Positives per query block, StatState per query block, per
-    trial DistanceRange or None).
+    trial DistanceRange or None, the state of the statistics riding the first pass or None).
 
     With ``minmax`` GOM normalisation the ranges are a first pass over all pairs; every scoring
-    task waits for them.
+    task waits for them (and for what its statistics take from the riding ones: ``after_first``).
     """
     blocks = positives_pass(query, parts, plan, scoring, meta)
     sizes = [block_size(rows) for rows in query_blocks(plan, None, len(query))]
     minmax = scoring.gom is not None and scoring.gom.norm == "minmax"
-    later = {}
+    later, first = {}, None
     if minmax and scoring.first:
         dist_ranges, first = first_pass(parts, plan, scoring, meta, blocks, sizes)
         later = delayed(after_first)(scoring.statistics, first)
@@ -490,7 +490,7 @@ def build(query: FeatureSet, parts: tuple, plan: Plan, scoring: Scoring, meta: M
     end = extended_rows(parts)
     states = [scoring_pass(parts, plan, scoring, n_queries, queries, positives, run, meta, 0, end)
               for n_queries, (queries, positives) in zip(sizes, blocks)]
-    return delayed(tuple)([[positives for _, positives in blocks], states, dist_ranges])
+    return delayed(tuple)([[positives for _, positives in blocks], states, dist_ranges, first])
 
 
 def positives_work(fs: FeatureSet, start: int, stop: int) -> int:

@@ -12,7 +12,9 @@ at threshold t when d < t.
   k < N-, the threshold is n_(k+1), the (k+1)-th smallest negative distance: TAR = #{pos < n_(k+1)} /
   N+, achieved FAR = #{neg < n_(k+1)} / N- <= x.  k = N-: everything is accepted.
 * :func:`report` (run while the session is open): selects n_(k+1) exactly, from the tail when it
-  holds the k + 1 smallest negatives (one pass), else by the two-pass refinement: the histogram
+  holds the k + 1 smallest negatives (one pass), from its band when a pilot placed one around it
+  and the band holds it (``bands``: one pass, or one more for a band that counted), else by the
+  two-pass refinement: the histogram
   locates the bin holding the (k+1)-th value and the count below it; refinement passes over all
   pairs count that bin's next key bits until its members fit the budget, and a last pass collects
   them.  Entries whose error window could change the selection get their canonical distance
@@ -108,10 +110,6 @@ class Spec:
         from .statistics.verify import ENTRY_BYTES, capacity
 
         return n_trials * (capacity(core) + 1) * ENTRY_BYTES
-
-    @property
-    def method(self) -> str:
-        return "tail" if self.core else "bands" if self.bands else "two-pass"
 
     def to_record(self) -> dict:
         return {"far": list(self.far), "auc": self.auc, "tail_budget": self.tail_budget, "hist_bits": self.hist_bits,

@@ -37,6 +37,7 @@ class Field:
     shape: tuple
     fill: object = 0
     merge: str = "sum"  # "sum", "min", "max" or "own" (the statistic's merge)
+    first_pass: bool = False  # counted in the first pass (``graph.Scoring.first``) and taken from its state
 
 
 class Statistic:
@@ -147,6 +148,13 @@ class StatState:
             joined[key] = (reduce(lambda a, b: _merged(stat, spec, key, a, b), arrays) if spec.axis == "global"
                            else np.concatenate(arrays))
         return StatState(parts[0].statistics, joined)
+
+    def with_first(self, first: "StatState") -> "StatState":
+        """This state with the fields counted in the first pass (``Field.first_pass``) taken from
+        ``first``, its state."""
+        specs = self.specs(self.statistics)
+        return StatState(self.statistics, {key: first.arrays[key] if specs[key][1].first_pass else arr
+                                           for key, arr in self.arrays.items()})
 
     def _items(self):
         specs = self.specs(self.statistics)

@@ -29,8 +29,15 @@ Its buffer holds ``capacity(L)`` entries and is compacted when full;
 near-ties at U (many entries within their window of it) can overflow it, which marks the tail
 unusable (header flag): the selection then takes the two-pass route.
 
+Bands (``bands``: placed by a pilot when the tail would not fit): per job, a trial and a range
+[low, high) around one target's value.  A collecting band keeps the negatives certainly below it as
+a count and its members as exact entries (canonical distances, w = 0); a counting band keeps a fine
+histogram over it on fast distances, from which a later pass's collecting band is placed.  The row
+scan lists the pairs below the row's limit (the tail's and the bands' reach); one loop then offers
+them to both.
+
 Layout of a list of entries: ``a[0]`` is a header [count, U, overflowed, U known], ``a[1:count+1]``
-the entries.  The same layout holds a refinement's members (``Refine``), without U.
+the entries.  The same layout holds a refinement's members (``Refine``) and a band's, without U.
 """
 
 from __future__ import annotations
@@ -617,15 +624,18 @@ class Verify(Statistic):
     ``bands.Bands``: a trial and a range [low, high) placed by a pilot), ``below`` (negatives below
     it) and ``band`` (a collecting job's members, exact, up to its capacity) or ``fine`` and
     ``window`` (a counting job's histogram over the range, on fast distances, and the widest window
-    met).  Without ``count`` no negative is added to ``hist`` (a refinement pass's bands)."""
+    met).  Without ``count`` no negative is added to ``hist`` (a refinement pass's bands); with
+    bands riding the first pass (``bands.Bands.first``) neither: that pass counts it."""
 
     name = "verify"
 
     def __init__(self, n_trials: int, bits: int, core: int, auc: bool, exact_bins: bool, bands=None,
                  count: bool = True):
-        self.bits, self.core, self.pools, self.exact_bins, self.count = bits, core, auc, exact_bins, count
+        riding = bands is not None and bands.first is not None  # the histogram is counted in the first pass
+        self.bits, self.core, self.pools, self.exact_bins = bits, core, auc, exact_bins
+        self.count = count and not riding
         self.bands, self.jobs = bands, band_jobs(bands, n_trials)
-        self.fields = {"hist": Field("global", np.int64, (n_trials, 2**bits))}
+        self.fields = {"hist": Field("global", np.int64, (n_trials, 2**bits), first_pass=riding)}
         if core:
             self.fields["tail"] = Field("global", np.float64, (n_trials, capacity(core) + 1, ENTRY), 0.0, "own")
         if auc:
@@ -662,8 +672,9 @@ class Verify(Statistic):
 
     def after_first(self, first) -> tuple | None:
         """The kernel's view of the bands for the scoring pass when some ride the first pass
-        (``bands.Bands.first``): their edges from its counts (``first``: its StatState), an empty
-        band where they single out none (its target then takes the two-pass route)."""
+        (``bands.Bands.first``): their edges and capacities from its counts (``first``: its
+        StatState), while they fit the buffer they share; an empty band where they single out none
+        (its target then takes the two-pass route)."""
         if self.bands is None or self.bands.first is None:
             return None
         from ..bands import singled_out
@@ -673,10 +684,17 @@ class Verify(Statistic):
         n_neg = first.arrays["verify/hist"].sum(axis=1)
         ks = {(t, x): k_of(x, int(n_neg[t])) for t, x in self.bands.first.keys}
         found = singled_out(self.bands.first, first.arrays, {key: k for key, k in ks.items() if k < n_neg[key[0]]})
-        edges = [found.get(key, (-np.inf, -np.inf))[:2] if key in self.bands.first.keys else (low, high)
-                 for key, low, high in zip(self.bands.keys, self.bands.lows, self.bands.highs)]
-        lows, highs = zip(*edges)
-        return band_jobs(replace(self.bands, lows=lows, highs=highs), n_trials)
+        room = self.bands.capacities[self.bands.keys.index(self.bands.first.keys[0])]  # the riding jobs' buffer
+        jobs = []
+        for key, low, high, capacity in zip(self.bands.keys, self.bands.lows, self.bands.highs, self.bands.capacities):
+            if key in self.bands.first.keys:
+                low, high, capacity = found.get(key, (-np.inf, -np.inf, 1))
+                room -= capacity
+                if room < 0:
+                    low = high = -np.inf
+            jobs.append((low, high, capacity))
+        lows, highs, capacities = zip(*jobs)
+        return band_jobs(replace(self.bands, lows=lows, highs=highs, capacities=capacities), n_trials)
 
     def copy_own(self, key: str, a: np.ndarray) -> np.ndarray:
         return copy_entries(a)
