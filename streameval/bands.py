@@ -30,6 +30,7 @@ MIN_ROWS = 2048  # gallery rows the pilot scores at least
 ONE_PASS_SHARE = 0.15  # the most of the gallery a pilot scores so that every band can collect in one pass
 COUNT_SHARE = 0.01  # else: enough to place ranges whose counts single out a band for a refinement pass
 REACH = 3.0  # the pilot's tails hold REACH x the largest target's share of each run's negatives
+PILOT_BYTES = 24  # what the pilot holds per pair in its tails: 8 sorted, up to 16 in the tails being filled
 COLLECT_SHARE = 1.0  # of the tail budget, what collecting bands may take (the rest count)
 GRID = 1 << 16  # candidate edges, spread evenly over the pilot's pooled distances
 
@@ -143,13 +144,16 @@ def sample_rows(rows: int, n_pairs: int, rates: list, budget: int) -> int:
     error at target x is about SPREAD x sqrt(1/s - 1/rows) with s rows sampled (the rows' shares
     differ far more than independent pairs would: the queries are all there); its bands, 2 Z SE of
     the ``n_pairs`` pairs each, should fill half the budget.  When that takes more than
-    ONE_PASS_SHARE of the gallery, COUNT_SHARE: the wider ranges then count (``Bands``)."""
+    ONE_PASS_SHARE of the gallery, COUNT_SHARE: the wider ranges then count (``Bands``).  At least
+    MIN_ROWS; but never more than the pilot's tails can hold in the budget (PILOT_BYTES for each
+    pair below their reach): its memory does not grow with the gallery."""
     from .statistics.verify import ENTRY_BYTES
 
     x = budget / ENTRY_BYTES / 2 / (2 * Z * n_pairs * SPREAD * sum(rates))
     one_pass = 1 / (x * x + 1 / rows)
     share = one_pass if one_pass <= ONE_PASS_SHARE * rows else COUNT_SHARE * rows
-    return int(min(rows, max(share, MIN_ROWS)))
+    held = budget / (PILOT_BYTES * REACH * max(rates) * (n_pairs / rows))
+    return int(min(rows, max(share, MIN_ROWS), held))
 
 
 def sample_ranges(rows: int, sample_rows: int) -> list:
@@ -199,18 +203,15 @@ def _pilot(store, settings, plan, meta, ranges: list, core: int):
 
     from . import graph
     from .statistics.verify import Verify
+    from .verification import statistic_blocks
 
-    spec = settings.verification
-    stat = Verify(settings.n_trials, spec.hist_bits, core, False, False)
-    scoring = replace(settings.scoring(store.dim, meta), statistics=(stat,))
-    parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
-    run = graph.PassContext(graph.normalisations(None, None, settings.n_trials), meta)
-    blocks = [(graph.block_size(rows), graph.load_queries(store.query, rows, scoring, meta, "pilot"))
-              for rows in graph.query_blocks(plan, None, len(store.query))]
+    stat = Verify(settings.n_trials, settings.verification.hist_bits, core, False, False)
+    scoring, parts, run, blocks = statistic_blocks(store, settings, meta, plan, stat, "pilot")
     out = []
-    for start, stop in ranges:
-        states = [graph.scoring_pass(parts, plan, scoring, n, queries, graph.collect_positives(n, settings.n_trials),
-                                     run, meta, start, stop, "pilot") for n, queries in blocks]
+    for start, stop in ranges:  # (the query blocks are read once: every range shares them)
+        states = [graph.scoring_pass(parts, plan, scoring, graph.block_size(rows), queries,
+                                     graph.collect_positives(graph.block_size(rows), settings.n_trials), run, meta,
+                                     start, stop, "pilot") for rows, queries in blocks]
         out.append(delayed(_range_sample)(core, *states))
     return delayed(list)(out)
 

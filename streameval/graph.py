@@ -278,12 +278,15 @@ def _with_range(ranges: list, queries: Rows, rows: slice, chunk: Rows, dots: np.
 
 
 def range_chunk(part: Part, start: int, stop: int, queries: Rows, positives: Positives, aux: tuple,
-                scoring: Scoring, run: PassContext) -> tuple:
-    """``block_range`` and, over the same distance blocks, the state of the statistics riding the
-    first pass (``scoring.first``): (ranges, StatState)."""
+                scoring: Scoring, run: PassContext, before: tuple | None) -> tuple:
+    """``before`` (if any: (ranges, StatState)) plus ``block_range`` and, over the same distance
+    blocks, the state of the statistics riding the first pass (``scoring.first``)."""
     riding = replace(scoring, statistics=scoring.first)
-    state = StatState.empty(riding.statistics, len(queries.pids), positives.dist.shape[0])
-    ranges = [DistanceRange(np.inf, -np.inf)] * scoring.n_trials
+    if before is None:
+        ranges = [DistanceRange(np.inf, -np.inf)] * scoring.n_trials
+        state = StatState.empty(riding.statistics, len(queries.pids), positives.dist.shape[0])
+    else:  # a copy, as score_chunk's
+        ranges, state = before[0], before[1].copy()
     for rows, dots, chunk, blk in _blocks(part, start, stop, queries, positives, riding, run.meta):
         ranges = _with_range(ranges, queries, rows, chunk, dots, scoring)
         _update(riding.statistics, aux, blk, rows, state, run)
@@ -418,22 +421,33 @@ def range_pass(parts: tuple, plan: Plan, scoring: Scoring, meta, blocks, sizes: 
 
 def first_pass(parts: tuple, plan: Plan, scoring: Scoring, meta, blocks, sizes: list):
     """``range_pass`` with the statistics riding it (``scoring.first``): delayed (ranges, the
-    state of all queries of those statistics: global fields only, merged across query blocks)."""
+    state of all queries of those statistics: global fields only, merged across query blocks).
+    Chains of chunks per worker, as the scoring pass: O(workers) states alive, not one per chunk."""
     run = PassContext(normalisations(None, None, scoring.n_trials), meta)
-    tasks = []
+    chunks = gallery_chunks(plan, parts)
+    ends = []
     for n_queries, (queries, positives) in zip(sizes, blocks):
         aux = delayed(prepare)(scoring.first, meta, queries, positives)
-        tasks += [delayed(range_chunk, nout=2)(part, a, b, queries, positives, aux, scoring, run,
-                                               dask_key_name=work_key("range", distance_work(part.fs, n_queries, a, b)))
-                  for part, a, b in gallery_chunks(plan, parts)]
-    ranges = [task[0] for task in tasks] + [delayed(positives_range)(positives, scoring.n_trials)
-                                            for _, positives in blocks]
-    return tree_reduce(ranges, merge_ranges), tree_reduce([task[1] for task in tasks], StatState.merge)
+        chains = [None] * max(1, min(plan.workers, len(chunks)))
+        for i, (part, a, b) in enumerate(chunks):
+            chains[i % len(chains)] = delayed(range_chunk)(
+                part, a, b, queries, positives, aux, scoring, run, chains[i % len(chains)],
+                dask_key_name=work_key("range", distance_work(part.fs, n_queries, a, b)))
+        ends += chains
+    merged = tree_reduce(ends, _merge_first)
+    ranges = tree_reduce([merged[0]] + [delayed(positives_range)(positives, scoring.n_trials)
+                                        for _, positives in blocks], merge_ranges)
+    return ranges, merged[1]
+
+
+def _merge_first(a: tuple, b: tuple) -> tuple:
+    """Two (ranges, StatState) of ``range_chunk`` chains merged."""
+    return merge_ranges(a[0], b[0]), StatState.merge(a[1], b[1])
 
 
 def after_first(statistics: tuple, first: StatState) -> dict:
     """Statistic name -> what it takes from the first pass's state (``after_first``), if anything."""
-    found = {stat.name: getattr(stat, "after_first", lambda _: None)(first) for stat in statistics}
+    found = {stat.name: stat.after_first(first) for stat in statistics}
     return {name: value for name, value in found.items() if value is not None}
 
 

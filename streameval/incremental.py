@@ -34,8 +34,8 @@ from dataclasses import replace
 import numpy as np
 from dask import delayed
 
-from . import graph, metadata
-from .evaluate import PROTOCOL_OPTIONS, Execution, Runner, Settings, _as_store, make_result, session
+from . import graph
+from .evaluate import PROTOCOL_OPTIONS, Execution, Runner, Settings, _as_store, gallery_metadata, make_result, session
 from .openset import OPEN_SET_OPTIONS
 from .openset import request as open_set_request
 from .progress import Phases
@@ -105,8 +105,7 @@ def update(
                                         "open_set": open_set, "verification": verification}, **overrides)
     check_updatable(settings)
     query_hash = check_matches(saved, store, settings)
-    parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
-    meta = metadata.build(store.query, parts, settings.rules)  # Metadata(): updatable protocols draw nothing
+    meta = gallery_metadata(store, settings)  # Metadata(): updatable protocols draw nothing
     with session(store, settings, execution, phases, label="streameval update") as runner:
         new, facts, read, pairs = advance(store, settings, runner, saved.query_state, meta)
         verified = verification_report(store, settings, new, runner, meta)

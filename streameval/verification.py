@@ -336,6 +336,19 @@ def _refinement(store, settings, state, runner, meta, groups: list, capacity: in
     return list(merged.arrays["refine/members" if capacity else "refine/hist"])
 
 
+def statistic_blocks(store, settings, meta, plan, stat, pass_name: str) -> tuple:
+    """What a pass of the statistic ``stat`` alone needs (a refinement, the bands' pilot): its
+    Scoring, the gallery parts, its PassContext, and per query block (row selection, delayed Rows)."""
+    from . import graph
+
+    scoring = replace(settings.scoring(store.dim, meta), statistics=(stat,))
+    parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
+    run = graph.PassContext(graph.normalisations(None, None, settings.n_trials), meta)
+    blocks = [(rows, graph.load_queries(store.query, rows, scoring, meta, pass_name))
+              for rows in graph.query_blocks(plan, None, len(store.query))]
+    return scoring, parts, run, blocks
+
+
 def _pass(store, settings, state, runner, meta, stat):
     """The StatState of ``stat`` over every pair of every query (a further pass)."""
     from dask import delayed
@@ -343,16 +356,12 @@ def _pass(store, settings, state, runner, meta, stat):
     from . import graph
     from .statistics import StatState
 
-    scoring = replace(settings.scoring(store.dim, meta), statistics=(stat,))
-    parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
-    plan, n, end = runner.plan, len(store.query), graph.extended_rows(parts)
-    run = graph.PassContext(graph.normalisations(None, None, settings.n_trials), meta)
-    blocks = [graph.scoring_pass(parts, plan, scoring, graph.block_size(rows),
-                                 graph.load_queries(store.query, rows, scoring, meta, "refinement"),
-                                 delayed(state.positives.take(np.arange(rows.start, rows.stop))), run, meta, 0, end,
-                                 "refinement")
-              for rows in graph.query_blocks(plan, None, n)]
-    return StatState.concat(list(runner.compute(delayed(list)(blocks))))
+    scoring, parts, run, blocks = statistic_blocks(store, settings, meta, runner.plan, stat, "refinement")
+    states = [graph.scoring_pass(parts, runner.plan, scoring, graph.block_size(rows), queries,
+                                 delayed(state.positives.take(np.arange(rows.start, rows.stop))), run, meta, 0,
+                                 graph.extended_rows(parts), "refinement")
+              for rows, queries in blocks]
+    return StatState.concat(list(runner.compute(delayed(list)(states))))
 
 
 def _settled(part, rows: np.ndarray, queries, at: np.ndarray, where: np.ndarray, scoring, meta) -> np.ndarray:

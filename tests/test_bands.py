@@ -72,9 +72,13 @@ def test_the_pilot_samples_disjoint_runs_spread_over_the_gallery():
 
 def test_the_pilot_size():
     """At least MIN_ROWS (or the gallery); the one-pass size when it is a small share of the
-    gallery, else COUNT_SHARE of it."""
+    gallery, else COUNT_SHARE of it; and never more than its tails hold in the budget, however long
+    the gallery."""
     budget, rates = 64 << 20, [1e-4, 1e-3, 1e-2]
     assert bands.sample_rows(40, 40 * 30, rates, budget) == 40
     small = bands.sample_rows(400_000, 100 * 400_000, rates, budget)
     assert bands.MIN_ROWS <= small <= bands.ONE_PASS_SHARE * 400_000
-    assert bands.sample_rows(2_000_000, 10_000 * 2_000_000, rates, budget) == bands.COUNT_SHARE * 2_000_000
+    assert bands.sample_rows(2_000_000, 1000 * 2_000_000, rates, budget) == bands.COUNT_SHARE * 2_000_000
+    held = int(budget / (bands.PILOT_BYTES * bands.REACH * 1e-2 * 10_000))
+    for rows in (2_000_000, 20_000_000, 200_000_000):
+        assert bands.sample_rows(rows, 10_000 * rows, rates, budget) == held

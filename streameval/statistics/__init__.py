@@ -8,7 +8,10 @@ Each statistic declares
   pairs of a set of queries (axis ``global``: one array, not per query, e.g. a histogram or a tail
   of the smallest negative distances), merged the same way when query blocks are joined;
 * its chunk update (``update``: a numba kernel over one :data:`~.block.Block` of distances);
-* optionally ``prepare``: per-query-block data its update needs (computed once per block);
+* optionally ``prepare``: per-query-block data its update needs (computed once per block), and
+  ``after_first``: what it takes from the statistics that ride minmax GOM's first pass
+  (``graph.Scoring.first``: verification's counting bands), whose fields marked ``first_pass`` it
+  then does not count itself;
 * its finalisation, in ``metrics`` / ``gom`` / its own module, per trial.
 
 The scoring pass (``graph.score_chunk``) computes one distance block and runs the requested
@@ -48,6 +51,11 @@ class Statistic:
 
     def prepare(self, meta, queries, positives):
         """Per-query-block data for ``update`` (None unless a statistic needs some)."""
+        return None
+
+    def after_first(self, first: "StatState"):
+        """What ``update`` takes from the state of the statistics riding the first pass
+        (``graph.Scoring.first``), handed over in ``run.later[name]``; None for nothing."""
         return None
 
     def update(self, blk, rows: slice, state: dict, aux, run) -> None:

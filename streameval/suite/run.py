@@ -17,8 +17,8 @@ import numpy as np
 
 from .. import graph
 from ..errors import OptionError
-from ..evaluate import (Execution, Settings, _as_store, full_state, make_result, oriented, run_plan, session,
-                        store_set)
+from ..evaluate import (Execution, Settings, _as_store, full_state, gallery_metadata, make_result, oriented,
+                        run_plan, session, store_set)
 from ..progress import Phases
 from ..state import QueryState
 from ..store import Store
@@ -61,7 +61,7 @@ def run_suite(data, suite: Suite | str, *, storage_options: dict | None = None, 
         from .state import check_state_target
 
         check_state_target(state, overwrite_state, settings)
-    meta = clean_metadata(base, settings)
+    meta = gallery_metadata(base, settings)  # from the clean rows: the variants share their ids
     by_pair, passes = {}, 0
     views = [stacked_view(base, gallery, queries) for gallery, queries in groups]
     with session(views[0], settings, execution, phases, label="streameval suite") as runner:
@@ -147,14 +147,6 @@ def stacked_view(base: Store, gallery: tuple, queries: list) -> Store:
     sets = [fs for _, fs in queries]
     query = sets[0] if len(sets) == 1 else stack_sets(sets, f"{len(sets)} stacked query variants")
     return replace(base, query=query, gallery=gallery[1])
-
-
-def clean_metadata(base: Store, settings: Settings) -> graph.Metadata:
-    """The protocol's metadata from the clean rows (the variants share their ids)."""
-    from .. import metadata
-
-    parts = graph.gallery_parts(base.query, base.gallery, settings.protocol.gallery_includes_queries)
-    return metadata.build(base.query, parts, settings.rules)
 
 
 def split_results(base: Store, settings: Settings, runner, gallery: tuple, queries: list, state: QueryState,

@@ -15,12 +15,11 @@ import json
 import os
 
 from ..statestore import StateError
-from ..evaluate import Execution, _as_store, oriented, run_plan, session
+from ..evaluate import Execution, _as_store, gallery_metadata, oriented, run_plan, session
 from ..outputs import check_directory, check_folder, write_text
 from ..progress import Phases
 from .plan import Suite
-from .run import (SuiteResult, clean_metadata, open_groups, split_results, stacked_view, suite_result,
-                  suite_settings)
+from .run import SuiteResult, open_groups, split_results, stacked_view, suite_result, suite_settings
 
 RECORD = "suite.json"
 GROUP_PREFIX = "gallery-"
@@ -85,7 +84,7 @@ def update_suite(data, state, *, storage_options: dict | None = None, **options)
     suite = load_suite_record(state)
     settings = suite_settings(store, suite)
     base = oriented(store, settings.protocol)
-    meta = clean_metadata(base, settings)
+    meta = gallery_metadata(base, settings)  # from the clean rows: the variants share their ids
     groups = open_groups(store, settings, suite)
     saved = {g: load_state(group_folder(state, g)) for (g, _), _ in groups}
     by_pair, passes, facts = {}, 0, {}
