@@ -4,8 +4,8 @@ Three passes over the extended gallery (the stored gallery, then the queries' co
 protocol includes them: ``gallery_parts``), each built per query block (``Plan``)::
 
     load_rows(queries) ─┬─> find_positive_pairs(chunk 0..C) ─> collect_positives     positives pass
-                        ├─> [minmax GOM only] block_range(chunk 0..C) ─> tree of min/max  range pass
-                        │     (range_chunk when statistics ride it: ``Scoring.first``, ``after_first``)
+                        ├─> [minmax GOM only] range_chunk(chunk 0..C) ─> tree of min/max  range pass
+                        │     in W chains; statistics may ride it (``Scoring.first``, ``after_first``)
                         └─> score_chunk(chunk 0..C, positives, normalisation)            scoring pass
                               in W chains (chunk w, w+W, ...) ─> tree of StatState.merge
 
@@ -253,24 +253,18 @@ def _in_trial(bits: np.ndarray, t: int):
     return slice(None) if inside.all() else np.flatnonzero(inside)
 
 
-def block_range(part: Part, start: int, stop: int, queries: Rows, scoring: Scoring, meta: Metadata) -> list:
-    """Per trial, the min and max distance between the block's queries and the part's rows
-    [start, stop) in that trial."""
-    chunk = load_rows(part.fs, slice(start, stop), scoring, meta, part)
-    ranges = [DistanceRange(np.inf, -np.inf)] * scoring.n_trials
-    for rows, dots in _sub_blocks(queries, chunk, part, start, stop, scoring):
-        ranges = _with_range(ranges, queries, rows, chunk, dots, scoring)
-    return ranges
-
-
-def _with_range(ranges: list, queries: Rows, rows: slice, chunk: Rows, dots: np.ndarray, scoring: Scoring) -> list:
-    """``ranges`` merged with the per-trial range of the sub-block's pairs (dot products ``dots``)."""
+def _with_range(ranges: list, queries: Rows, rows: slice, chunk: Rows, dots: np.ndarray, dist: np.ndarray,
+                scoring: Scoring) -> list:
+    """``ranges`` merged with the per-trial range of the sub-block's pairs (fast distances ``dist``;
+    ``dots`` are a distance store's canonical ones)."""
     out = []
     for t, known in enumerate(ranges):
         q, g = _in_trial(queries.bits[rows], t), _in_trial(chunk.bits, t)
-        trial_dots = dots if isinstance(q, slice) and isinstance(g, slice) else np.ascontiguousarray(dots[q][:, g])
+        whole = isinstance(q, slice) and isinstance(g, slice)
+        trial_dots = dots if whole else np.ascontiguousarray(dots[q][:, g])
         found = kernels.distance_range(
-            trial_dots, exact_source(queries.features[rows][q], trial_dots, scoring), chunk.features[g],
+            dist if whole else np.ascontiguousarray(dist[q][:, g]),
+            exact_source(queries.features[rows][q], trial_dots, scoring), chunk.features[g],
             queries.terms[rows][q], chunk.terms[g], queries.norms[rows][q], chunk.norms[g], scoring.metric,
             scoring.dot_bound)
         out.append(DistanceRange.merge(known, DistanceRange(*found)))
@@ -279,8 +273,9 @@ def _with_range(ranges: list, queries: Rows, rows: slice, chunk: Rows, dots: np.
 
 def range_chunk(part: Part, start: int, stop: int, queries: Rows, positives: Positives, aux: tuple,
                 scoring: Scoring, run: PassContext, before: tuple | None) -> tuple:
-    """``before`` (if any: (ranges, StatState)) plus ``block_range`` and, over the same distance
-    blocks, the state of the statistics riding the first pass (``scoring.first``)."""
+    """``before`` (if any: (ranges, StatState)) plus, per trial, the min and max distance between
+    the block's queries and the part's rows [start, stop), and over the same distance blocks the
+    state of the statistics riding the first pass (``scoring.first``, if any)."""
     riding = replace(scoring, statistics=scoring.first)
     if before is None:
         ranges = [DistanceRange(np.inf, -np.inf)] * scoring.n_trials
@@ -288,7 +283,7 @@ def range_chunk(part: Part, start: int, stop: int, queries: Rows, positives: Pos
     else:  # a copy, as score_chunk's
         ranges, state = before[0], before[1].copy()
     for rows, dots, chunk, blk in _blocks(part, start, stop, queries, positives, riding, run.meta):
-        ranges = _with_range(ranges, queries, rows, chunk, dots, scoring)
+        ranges = _with_range(ranges, queries, rows, chunk, dots, blk.dist, scoring)
         _update(riding.statistics, aux, blk, rows, state, run)
     return ranges, state
 
@@ -408,23 +403,14 @@ def positives_pass(query: FeatureSet, parts: tuple, plan: Plan, scoring: Scoring
     return blocks
 
 
-def range_pass(parts: tuple, plan: Plan, scoring: Scoring, meta, blocks, sizes: list, start: int = 0):
-    """Per trial, the delayed DistanceRange of every pair of the blocks' queries (``positives_pass``)
-    with extended rows [start, end), their positives' distances included."""
-    chunks = gallery_chunks(plan, parts, start)
-    ranges = [delayed(block_range)(part, a, b, queries, scoring, meta,
-                                   dask_key_name=work_key("range", distance_work(part.fs, n_queries, a, b)))
-              for n_queries, (queries, _) in zip(sizes, blocks) for part, a, b in chunks]
-    ranges += [delayed(positives_range)(positives, scoring.n_trials) for _, positives in blocks]
-    return tree_reduce(ranges, merge_ranges)
-
-
-def first_pass(parts: tuple, plan: Plan, scoring: Scoring, meta, blocks, sizes: list):
-    """``range_pass`` with the statistics riding it (``scoring.first``): delayed (ranges, the
-    state of all queries of those statistics: global fields only, merged across query blocks).
-    Chains of chunks per worker, as the scoring pass: O(workers) states alive, not one per chunk."""
+def first_pass(parts: tuple, plan: Plan, scoring: Scoring, meta, blocks, sizes: list, start: int = 0):
+    """The range pass over extended rows [start, end): per trial, the delayed DistanceRange of every
+    pair of the blocks' queries (``positives_pass``), their positives' distances included, and the
+    state of the statistics riding it (``scoring.first``; None without: global fields only, merged
+    across query blocks).  Chains of chunks per worker, as the scoring pass: O(workers) states alive,
+    not one per chunk."""
     run = PassContext(normalisations(None, None, scoring.n_trials), meta)
-    chunks = gallery_chunks(plan, parts)
+    chunks = gallery_chunks(plan, parts, start)
     ends = []
     for n_queries, (queries, positives) in zip(sizes, blocks):
         aux = delayed(prepare)(scoring.first, meta, queries, positives)
@@ -437,7 +423,7 @@ def first_pass(parts: tuple, plan: Plan, scoring: Scoring, meta, blocks, sizes: 
     merged = tree_reduce(ends, _merge_first)
     ranges = tree_reduce([merged[0]] + [delayed(positives_range)(positives, scoring.n_trials)
                                         for _, positives in blocks], merge_ranges)
-    return ranges, merged[1]
+    return ranges, delayed(StatState.settled)(merged[1]) if scoring.first else None
 
 
 def _merge_first(a: tuple, b: tuple) -> tuple:
@@ -464,7 +450,7 @@ def scoring_pass(parts: tuple, plan: Plan, scoring: Scoring, n_queries: int, que
             part, a, b, queries, positives, aux, scoring, run, chains[i % len(chains)],
             dask_key_name=work_key(pass_name, distance_work(part.fs, n_queries, a, b)),
         )
-    return tree_reduce(chains, StatState.merge)
+    return delayed(StatState.settled)(tree_reduce(chains, StatState.merge))
 
 
 def scoring_work(query: FeatureSet, parts: tuple, plan: Plan, n_queries: int, start: int, stop: int) -> int:
@@ -491,12 +477,8 @@ def build(query: FeatureSet, parts: tuple, plan: Plan, scoring: Scoring, meta: M
     blocks = positives_pass(query, parts, plan, scoring, meta)
     sizes = [block_size(rows) for rows in query_blocks(plan, None, len(query))]
     minmax = scoring.gom is not None and scoring.gom.norm == "minmax"
-    later, first = {}, None
-    if minmax and scoring.first:
-        dist_ranges, first = first_pass(parts, plan, scoring, meta, blocks, sizes)
-        later = delayed(after_first)(scoring.statistics, first)
-    else:
-        dist_ranges = range_pass(parts, plan, scoring, meta, blocks, sizes) if minmax else None
+    dist_ranges, first = first_pass(parts, plan, scoring, meta, blocks, sizes) if minmax else (None, None)
+    later = delayed(after_first)(scoring.statistics, first) if first is not None else {}
     pools = any(getattr(stat, "pools", False) for stat in scoring.statistics)
     everyone = delayed(pooled)(scoring.statistics, *[positives for _, positives in blocks]) if pools else {}
     run = delayed(PassContext)(delayed(normalisations)(scoring.gom, dist_ranges, scoring.n_trials), meta, everyone,

@@ -281,48 +281,51 @@ def clip_side(d, lo, span):
     return np.int64(d - lo > span) - np.int64(d < lo)
 
 
-@nb.njit(nogil=True, cache=True, fastmath={"nnan", "nsz"})
-def _extremes(x):
-    """(min, max) of ``x`` (no NaN: the flags let the reductions vectorise)."""
-    low = np.inf
-    high = -np.inf
-    for v in x:
-        low = min(low, v)
-        high = max(high, v)
-    return low, high
+_MAGNITUDE = np.int64(0x7FFF_FFFF_FFFF_FFFF)
 
 
-@nb.njit(nogil=True, cache=True, fastmath={"nnan", "ninf", "nsz"})
-def _row_extremes(dots, qa, ga, metric, row_low, row_high):
-    """Per-row min and max fast distance (finite values only: the flags let the reductions vectorise)."""
-    for i in range(dots.shape[0]):
-        low = np.inf
-        high = -np.inf
-        for j in range(dots.shape[1]):
-            d = pair_distance(dots[i, j], qa[i], ga[j], metric)
-            low = min(low, d)
-            high = max(high, d)
-        row_low[i] = low
-        row_high[i] = high
+@_inline
+def _ordered(bits):
+    """The int64 ordered as the float64 with these bits (its magnitude bits flipped when negative;
+    -0.0 just below +0.0), and back: the map is its own inverse."""
+    return bits ^ ((bits >> np.int64(63)) & _MAGNITUDE)
 
 
 @_jit
-def distance_range(dots, qf, gf, qa, ga, qn, gn, metric, c_dot):
-    """Canonical (min, max) distance over a block: the first GOM pass of ``minmax`` normalisation.
+def _extremes(x):
+    """(min, max) of ``x`` (no NaN), compared as ordered integers: numba's float min and max keep
+    NaN semantics that stop the loop from vectorising (~0.5 ns an item against ~0.05)."""
+    bits = x.view(np.int64)
+    low = _MAGNITUDE
+    high = -_MAGNITUDE - np.int64(1)
+    for j in range(bits.shape[0]):
+        key = _ordered(bits[j])
+        low = min(low, key)
+        high = max(high, key)
+    if bits.shape[0] == 0:
+        return np.inf, -np.inf
+    out = np.empty(2, np.int64)
+    out[0] = _ordered(low)
+    out[1] = _ordered(high)
+    values = out.view(np.float64)
+    return values[0], values[1]
+
+
+@_jit
+def distance_range(dist, qf, gf, qa, ga, qn, gn, metric, c_dot):
+    """Canonical (min, max) distance over a block of fast distances ``dist``: the first GOM pass of
+    ``minmax`` normalisation.
 
     The extremes are found on fast distances, then settled canonically among the pairs within two
     windows of them (``reach``: no pair's window is wider), visiting only rows that reach them.
     """
-    nq, ng = dots.shape
+    nq, ng = dist.shape
     if nq == 0 or ng == 0:
         return np.inf, -np.inf
     row_low = np.empty(nq)
     row_high = np.empty(nq)
-    # sqrt is monotone and correctly rounded: extremes of squared distances give the euclidean ones
-    _row_extremes(dots, qa, ga, SQEUCLIDEAN if metric == EUCLIDEAN else metric, row_low, row_high)
-    if metric == EUCLIDEAN:
-        row_low = np.sqrt(row_low)
-        row_high = np.sqrt(row_high)
+    for i in range(nq):
+        row_low[i], row_high[i] = _extremes(dist[i])
     gn_max = gn.max()
     reach = 0.0
     for i in range(nq):
@@ -335,7 +338,7 @@ def distance_range(dots, qf, gf, qa, ga, qn, gn, metric, c_dot):
         if (row_low[i] > fast_low) & (row_high[i] < fast_high):
             continue
         for j in range(ng):
-            d = pair_distance(dots[i, j], qa[i], ga[j], metric)
+            d = dist[i, j]
             if (d <= fast_low) | (d >= fast_high):
                 exact = canonical_distance(qf, gf, i, j, qa[i], ga[j], metric)
                 low = min(low, exact)
