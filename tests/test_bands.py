@@ -82,3 +82,59 @@ def test_the_pilot_size():
     held = int(budget / (bands.PILOT_BYTES * bands.REACH * 1e-2 * 10_000))
     for rows in (2_000_000, 20_000_000, 200_000_000):
         assert bands.sample_rows(rows, 10_000 * rows, rates, budget) == held
+
+
+def _filled_entries(buffer, job, rows):
+    """Append ``rows`` (entries) to job ``job`` of a members buffer, as the kernel does."""
+    from streameval.statistics.verify import COUNT
+
+    n = int(buffer[job, 0, COUNT])
+    buffer[job, n + 1:n + 1 + len(rows)] = rows
+    buffer[job, 0, COUNT] = n + len(rows)
+
+
+def test_a_chain_keeps_members_as_pieces_and_joins_them():
+    """A chain of chunk tasks (``StatState.copy``) hands members on as pieces, not copies of the
+    growing list; settled or merged, the state holds every task's members once."""
+    from streameval.statistics import StatState
+    from streameval.statistics.verify import COUNT, OVERFLOW, Refine
+
+    stat = Refine([0, 0], [0.0, 1.0], [1.0, 2.0], [0, 0], 0, capacity=40)
+    rng = np.random.default_rng(1)
+    state, added = StatState.empty((stat,), 3, 0), {0: [], 1: []}
+    for _ in range(5):
+        state = state.copy()
+        assert state.arrays["refine/members"][:, 0, COUNT].sum() == 0  # each task fills a fresh buffer
+        for job in (0, 1):
+            rows = rng.random((int(rng.integers(0, 5)), 4))
+            _filled_entries(state.arrays["refine/members"], job, rows)
+            added[job].extend(map(tuple, rows))
+    assert len(state.pieces["refine/members"]) == 4
+    other = StatState.empty((stat,), 3, 0).copy()
+    _filled_entries(other.arrays["refine/members"], 1, np.ones((2, 4)))
+    for joined, extra in ((state.settled(), []), (StatState.merge(state, other), [(1.0,) * 4] * 2)):
+        members = joined.arrays["refine/members"]
+        assert not joined.pieces and (members[:, 0, OVERFLOW] == 0).all()
+        for job in (0, 1):
+            got = members[job, 1:int(members[job, 0, COUNT]) + 1]
+            want = added[job] + (extra if job == 1 else [])
+            assert sorted(map(tuple, got)) == sorted(want)
+
+
+def test_pieces_past_the_capacity_keep_only_the_overflow():
+    """A band that collects more than its capacity over the chain is marked overflowed, and its
+    pieces stop growing: their members stay within one capacity, however many tasks follow."""
+    from streameval.statistics.verify import COUNT, ENTRY, OVERFLOW, join_members, pile_members
+
+    capacities = np.array([6, 100])
+    pieces = ()
+    for _ in range(10):
+        buffer = np.zeros((2, 101, ENTRY))
+        _filled_entries(buffer, 0, np.full((4, ENTRY), 2.0))
+        _filled_entries(buffer, 1, np.full((3, ENTRY), 3.0))
+        pieces = pile_members(pieces, buffer, capacities)
+    assert sum(int(p[0, 0, COUNT]) for p in pieces) <= 6
+    assert sum(int(p[1, 0, COUNT]) for p in pieces) == 30
+    joined = join_members(np.zeros((2, 101, ENTRY)), pieces, capacities)
+    assert joined[0, 0, OVERFLOW] == 1.0 and joined[1, 0, OVERFLOW] == 0.0
+    assert joined[1, 0, COUNT] == 30 and (joined[1, 1:31] == 3.0).all()

@@ -39,8 +39,11 @@ class Field:
     dtype: type
     shape: tuple
     fill: object = 0
-    merge: str = "sum"  # "sum", "min", "max" or "own" (the statistic's merge)
+    merge: str = "sum"  # "sum", "min", "max", "own" (the statistic's merge) or "append" (below)
     first_pass: bool = False  # counted in the first pass (``graph.Scoring.first``) and taken from its state
+    # "append": lists that only grow (a band's members).  A chain's task fills a fresh buffer and the
+    # state keeps its predecessors' as pieces (``pile_own``), joined when states merge (``join_own``):
+    # copying a growing list into every task's state would cost its length once per chunk.
 
 
 class Statistic:
@@ -72,6 +75,14 @@ class Statistic:
         part only: every chunk task copies its predecessor's state)."""
         return a.copy()
 
+    def pile_own(self, key: str, pieces: tuple, a: np.ndarray) -> tuple:
+        """An append field's ``pieces`` with the filled buffer ``a`` added."""
+        raise NotImplementedError
+
+    def join_own(self, key: str, a: np.ndarray, pieces: tuple) -> np.ndarray:
+        """An append field's buffer ``a`` with its ``pieces`` joined in: one buffer."""
+        raise NotImplementedError
+
 
 _MERGES = {"sum": np.add, "min": np.minimum, "max": np.maximum}
 
@@ -85,21 +96,25 @@ def _copied(stat, spec: Field, key: str, a: np.ndarray) -> np.ndarray:
     return stat.copy_own(key.split("/", 1)[1], a) if spec.merge == "own" else a.copy()
 
 
-def _merged(stat, spec: Field, key: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Two states of one field merged as it declares."""
+def _merged(stat, spec: Field, key: str, a: np.ndarray, b: np.ndarray, pieces: tuple = ()) -> np.ndarray:
+    """Two states of one field merged as it declares (an append field's ``pieces`` joined too)."""
     if spec.merge == "own":
         return stat.merge_own(key.split("/", 1)[1], a, b)
+    if spec.merge == "append":
+        return stat.join_own(key.split("/", 1)[1], a, (b,) + pieces)
     return _MERGES[spec.merge](a, b)
 
 
 class StatState:
     """The state of several statistics for a set of queries: ``arrays[key]`` for key
     ``"<statistic>/<field>"``.  Moves whole queries between layouts (``take``, ``scatter``,
-    ``concat``) and merges, field by field, as each field declares."""
+    ``concat``) and merges, field by field, as each field declares.  A chain task's state may hold
+    ``pieces`` of its append fields (``copy``); ``merge`` and ``settled`` join them."""
 
-    def __init__(self, statistics: tuple, arrays: dict):
+    def __init__(self, statistics: tuple, arrays: dict, pieces: dict | None = None):
         self.statistics = statistics
         self.arrays = arrays
+        self.pieces = pieces or {}  # key -> the filled buffers of an append field
 
     @staticmethod
     def specs(statistics) -> dict:
@@ -114,8 +129,27 @@ class StatState:
         return cls(statistics, arrays)
 
     def copy(self) -> "StatState":
+        """A copy for the next task of a chain; an append field's buffer becomes a piece, the copy
+        a fresh one."""
         specs = self.specs(self.statistics)
-        return StatState(self.statistics, {key: _copied(*specs[key], key, arr) for key, arr in self.arrays.items()})
+        arrays, pieces = {}, {}
+        for key, arr in self.arrays.items():
+            stat, spec = specs[key]
+            if spec.merge == "append":
+                arrays[key] = _filled(arr.shape, spec.fill, spec.dtype)
+                pieces[key] = stat.pile_own(key.split("/", 1)[1], self.pieces.get(key, ()), arr)
+            else:
+                arrays[key] = _copied(stat, spec, key, arr)
+        return StatState(self.statistics, arrays, pieces)
+
+    def settled(self) -> "StatState":
+        """This state with its pieces joined (what every reader of a pass's state expects)."""
+        if not self.pieces:
+            return self
+        specs = self.specs(self.statistics)
+        return StatState(self.statistics, {
+            key: specs[key][0].join_own(key.split("/", 1)[1], arr, self.pieces[key]) if key in self.pieces else arr
+            for key, arr in self.arrays.items()})
 
     def fields(self, statistic) -> dict:
         """The arrays of ``statistic`` by field name."""
@@ -123,8 +157,9 @@ class StatState:
 
     @staticmethod
     def merge(a: "StatState", b: "StatState") -> "StatState":
-        return StatState(a.statistics, {key: _merged(stat, spec, key, a.arrays[key], b.arrays[key])
-                                        for key, (stat, spec) in StatState.specs(a.statistics).items()})
+        return StatState(a.statistics, {
+            key: _merged(stat, spec, key, a.arrays[key], b.arrays[key], a.pieces.get(key, ()) + b.pieces.get(key, ()))
+            for key, (stat, spec) in StatState.specs(a.statistics).items()})
 
     def take(self, offsets: np.ndarray, queries: np.ndarray) -> "StatState":
         """The state of ``queries`` (in that order); ``offsets`` is this state's positives layout.

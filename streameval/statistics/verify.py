@@ -32,9 +32,9 @@ unusable (header flag): the selection then takes the two-pass route.
 Bands (``bands``: placed by a pilot when the tail would not fit): per job, a trial and a range
 [low, high) around one target's value.  A collecting band keeps the negatives certainly below it as
 a count and its members as exact entries (canonical distances, w = 0); a counting band keeps a fine
-histogram over it on fast distances, from which a later pass's collecting band is placed.  The row
-scan lists the pairs below the row's limit (the tail's and the bands' reach); one loop then offers
-them to both.
+histogram over it on fast distances, from which a later pass's collecting band is placed.  A row's
+pairs below its limit (the tail's and the bands' reach) are found by a vectorised mask; one loop
+then offers these few to both.
 
 Layout of a list of entries: ``a[0]`` is a header [count, U, overflowed, U known], ``a[1:count+1]``
 the entries.  The same layout holds a refinement's members (``Refine``) and a band's, without U.
@@ -240,12 +240,36 @@ def copy_entries(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def merge_members(a: np.ndarray, b: np.ndarray, capacities: np.ndarray) -> np.ndarray:
-    """Per job, the members of both states (disjoint rows); a job with more than its capacity
-    (``capacities``, the buffer's length if smaller) is marked overflowed.  A refinement's
-    capacity is its jobs' exact member counts: it never overflows (checked by the caller)."""
+def pile_members(pieces: tuple, a: np.ndarray, capacities: np.ndarray) -> tuple:
+    """``pieces`` (lists of members, ``Field`` merge "append") with the used part of ``a`` added.  A
+    job past its capacity (``capacities``) over them all keeps no more members, only the overflow
+    flag: a misplaced band's pieces stay within its capacity, not one capacity per task."""
+    jobs = np.arange(a.shape[0])
+    counts = a[:, 0, COUNT].astype(np.int64)
+    total = counts + sum((p[:, 0, COUNT].astype(np.int64) for p in pieces), np.zeros_like(counts))
+    flagged = np.zeros(a.shape[0], bool)
+    for p in pieces:
+        flagged |= p[:, 0, OVERFLOW] != 0.0
+    over = flagged | (total > capacities[jobs]) | (a[:, 0, OVERFLOW] != 0.0)
+    kept = np.where(over, 0, counts)
+    if not kept.any() and (over == flagged).all():
+        return pieces  # nothing new
+    piece = np.zeros((a.shape[0], int(kept.max(initial=0)) + 1, a.shape[2]), a.dtype)
+    for job in jobs:
+        piece[job, 1:kept[job] + 1] = a[job, 1:kept[job] + 1]
+    piece[:, 0, COUNT] = kept
+    piece[:, 0, OVERFLOW] = over
+    return pieces + (piece,)
+
+
+def join_members(a: np.ndarray, pieces: tuple, capacities: np.ndarray) -> np.ndarray:
+    """Per job, the members of ``a`` and of every piece (disjoint rows) in one buffer shaped as
+    ``a``; a job with more than its capacity (``capacities``, the buffer's length if smaller) is
+    marked overflowed.  A refinement's capacity is its jobs' exact member counts: it never
+    overflows (checked by the caller)."""
     out = copy_entries(a)
-    _append_members(out, b, capacities)
+    for piece in pieces:
+        _append_members(out, piece, capacities)
     return out
 
 
@@ -387,28 +411,35 @@ LANE_BINS = 1 << 16  # beyond this many bins (--hist-bits over 16) one histogram
 
 
 @_inline
-def _scan_row(blk, i, negative, sh, sub, limit, near, count):
+def _count_row(blk, i, negative, sh, sub):
     """Row i's kept negatives (``negative``) into the interleaved sub-histograms on their fast
-    distances when ``count``; the columns of those below ``limit`` into ``near``, how many
-    returned (they are few: handled apart, the scan stays a tight loop)."""
+    distances."""
     row = blk.dist[i].view(np.uint64)
     n = row.shape[0]
-    m = n - n % LANES if count else 0
+    m = n - n % LANES
     lane = sub.shape[0] - 1  # LANES or 1 sub-histograms
-    found = 0
     for j0 in range(0, m, LANES):
         for k in range(LANES):
-            j = j0 + k
-            sub[k & lane, _bits_key(row[j]) >> sh] += negative[j]
-            if blk.dist[i, j] < limit and negative[j]:
-                near[found] = j
-                found += 1
+            sub[k & lane, _bits_key(row[j0 + k]) >> sh] += negative[j0 + k]
     for j in range(m, n):
-        if count:
-            sub[0, _bits_key(row[j]) >> sh] += negative[j]
-        if blk.dist[i, j] < limit and negative[j]:
-            near[found] = j
-            found += 1
+        sub[0, _bits_key(row[j]) >> sh] += negative[j]
+
+
+@_inline
+def _near_columns(blk, i, negative, limit, hit, near):
+    """The columns of row i's kept negatives below ``limit`` into ``near``, how many returned.  They
+    are few: a vectorised mask (``hit``, zero-padded to whole 8-byte words), then a compaction that
+    skips its empty words, instead of a loop that compares and appends column by column."""
+    row = blk.dist[i]
+    for j in range(row.shape[0]):
+        hit[j] = negative[j] & (row[j] < limit)
+    words = hit.view(np.uint64)
+    found = 0
+    for w in range(words.shape[0]):
+        if words[w] != 0:
+            for j in range(8 * w, 8 * w + 8):
+                near[found] = j
+                found += hit[j]
     return found
 
 
@@ -510,14 +541,15 @@ def update_verify_fast(blk, qrows, shift, hist, tails, core, bands, count):
     qn_max = blk.qn.max() if n_rows else 0.0
     columns = np.empty((blk.any_table.shape[0], n), np.uint8)
     negative = np.empty(n, np.uint8)
-    near = np.empty(n, np.int64)
-    sub = np.zeros((LANES if hist.shape[1] <= LANE_BINS else 1, hist.shape[1]), np.int64)
+    hit = np.zeros(n + (-n) % 8, np.uint8)
+    near = np.empty(hit.shape[0], np.int64)
+    sub = np.zeros((LANES if hist.shape[1] <= LANE_BINS else 1, hist.shape[1] if count else 1), np.int64)
     no_tail = np.zeros((1, ENTRY))
     for t in range(hist.shape[0]):
         _trial_columns(blk, t, columns)
         has_tail = tails.shape[1] > 1
         tail = tails[t] if has_tail else no_tail
-        seeding = has_tail and tail[0, KNOWN] == 0.0
+        seeding = has_tail and count and tail[0, KNOWN] == 0.0
         bound = _bound(tail) if has_tail and not seeding else -np.inf
         first, last = job_first[t], job_first[t + 1]
         reach = highs[first:last].max() if last > first else -np.inf
@@ -531,13 +563,16 @@ def update_verify_fast(blk, qrows, shift, hist, tails, core, bands, count):
                 if trial_bit(blk.q_bits[i], t) == 0:
                     continue
                 _row_negatives(blk, i, columns[blk.q_cix[i]], negative)
+                if count and not scan:
+                    _count_row(blk, i, negative, sh, sub)
                 limit = max(_limit(blk, i, bound, gn_max), _limit(blk, i, reach, gn_max))
-                found = _scan_row(blk, i, negative, sh, sub, limit, near, count and not scan)
+                found = _near_columns(blk, i, negative, limit, hit, near) if limit > -np.inf else 0
                 if found:
                     bound = _offer_row(blk, i, near, found, np.float64(qrows[i]), tail, core, bound, lows, highs,
                                        capacities, scales, first, last, below, members, fine, windows)
-        hist[t] += sub.sum(axis=0)
-        sub[:] = 0
+        if count:
+            hist[t] += sub.sum(axis=0)
+            sub[:] = 0
 
 
 @_jit
@@ -642,7 +677,7 @@ class Verify(Statistic):
             self.fields["auc"] = Field("global", np.int64, (n_trials,))
         if bands is not None:
             self.fields["band"] = Field("global", np.float64, (len(bands.keys), max(bands.capacities) + 1, ENTRY),
-                                        0.0, "own")
+                                        0.0, "append")
             self.fields["below"] = Field("global", np.int64, (len(bands.keys),))
             if not all(bands.capacities):
                 self.fields["fine"] = Field("global", np.int64, (len(bands.keys), FINE_BINS))
@@ -668,7 +703,13 @@ class Verify(Statistic):
             update_verify_fast(blk, aux[rows], 64 - self.bits, state["hist"], tails, self.core, bands, self.count)
 
     def merge_own(self, key: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return merge_tails(a, b, self.core) if key == "tail" else merge_members(a, b, self.jobs[2])
+        return merge_tails(a, b, self.core)
+
+    def pile_own(self, key: str, pieces: tuple, a: np.ndarray) -> tuple:
+        return pile_members(pieces, a, self.jobs[2])
+
+    def join_own(self, key: str, a: np.ndarray, pieces: tuple) -> np.ndarray:
+        return join_members(a, pieces, self.jobs[2])
 
     def after_first(self, first) -> tuple | None:
         """The kernel's view of the bands for the scoring pass when some ride the first pass
@@ -768,7 +809,7 @@ class Refine(Statistic):
         n = self.jobs[0].shape[0]
         self.fields = {"hist": Field("global", np.int64, (n, 2**sub_bits if not capacity else 1))}
         if capacity:
-            self.fields["members"] = Field("global", np.float64, (n, capacity + 1, ENTRY), 0.0, "own")
+            self.fields["members"] = Field("global", np.float64, (n, capacity + 1, ENTRY), 0.0, "append")
 
     def prepare(self, meta, queries, positives):
         return queries.index
@@ -777,8 +818,8 @@ class Refine(Statistic):
         members = state.get("members", np.zeros((self.jobs[0].shape[0], 1, ENTRY)))
         update_refine(blk, aux[rows], *self.jobs, state["hist"], members)
 
-    def merge_own(self, key: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return merge_members(a, b, np.full(a.shape[0], a.shape[1] - 1, np.int64))
+    def pile_own(self, key: str, pieces: tuple, a: np.ndarray) -> tuple:
+        return pile_members(pieces, a, np.full(a.shape[0], a.shape[1] - 1, np.int64))
 
-    def copy_own(self, key: str, a: np.ndarray) -> np.ndarray:
-        return copy_entries(a)
+    def join_own(self, key: str, a: np.ndarray, pieces: tuple) -> np.ndarray:
+        return join_members(a, pieces, np.full(a.shape[0], a.shape[1] - 1, np.int64))
