@@ -224,6 +224,35 @@ class Column:
         return f"{100 * value:.2f}" if self.percent else f"{value:.4f}"
 
 
+@dataclass(frozen=True)
+class TargetColumn(Column):
+    """A value at one target of a section's points (TAR at a FAR, DIR at an FPIR): ``path`` is the
+    section, then the keys inside its point.  The point is found by its target, not its position,
+    so a row that asked for other targets shows none; no std (a section keeps its own)."""
+
+    target_key: str = ""
+    target: float = 0.0
+
+    def cell(self, row: Row) -> tuple[str | None, str | None]:
+        section, *inner = self.path
+        points = _at(row.values, (section, "points")) or []
+        point = next((p for p in points if p[self.target_key] == self.target), None)
+        return self._text(_at(point, tuple(inner))), None
+
+
+def target_columns(rows: list[Row]) -> list[Column]:
+    """TAR at each FAR target (verification) and the first rank's DIR at each FPIR target (open-set),
+    as the first row holding each section asked for them."""
+    cols = []
+    for section, key, name in (("verification", "far", "TAR@FAR={}"), ("open_set", "fpir", "DIR-R{rank}@FPIR={}")):
+        points = next((found for row in rows if (found := _at(row.values, (section, "points")))), [])
+        for point in points:
+            inner = ("tar",) if section == "verification" else ("dir", next(iter(point["dir"])))
+            cols.append(TargetColumn(name.format(f"{point[key]:g}", rank=inner[-1]), (section, *inner), True,
+                                     key, point[key]))
+    return cols
+
+
 def rows_of(result: dict, label: str) -> list[Row]:
     """A result JSON's rows: one, or one per direction (regdb both ways); the values of a result
     with trials are their means, with the std over the trials."""
@@ -244,12 +273,13 @@ def aggregate_rows(out: dict, runs) -> list[Row]:
 
 
 def columns(rows: list[Row], ranks: list[int]) -> list[Column]:
-    """Rank-k for each k, mAP, mINP, mAP_trapezoid, and the GOM headline values when a row has GOM."""
+    """Rank-k for each k, mAP, mINP, mAP_trapezoid, the GOM headline values when a row has GOM, and
+    TAR / DIR at their targets when a row has verification / open-set."""
     cols = [Column(f"Rank-{k}", ("cmc", k - 1), True) for k in ranks]
     cols += [Column(name, (name,), True) for name in ("mAP", "mINP", "mAP_trapezoid")]
     if any(row.values.get("gom") for row in rows):
         cols += [Column(name, ("gom", name), False) for name in GOM_HEADLINE]
-    return cols
+    return cols + target_columns(rows)
 
 
 def paste(rows: list[Row], ranks: list[int], fmt: str) -> str:

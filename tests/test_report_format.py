@@ -161,6 +161,23 @@ def test_csv_of_trials_puts_each_std_beside_its_mean(store, tmp_path):
     assert rows[1][header.index("MFR")] == ""  # vehicleid queries all have positives: MFR is null
 
 
+def test_tar_and_dir_at_their_targets_are_columns_holding_the_json_values(store, tmp_path):
+    """With verification and open-set, a column per FAR target (TAR) and per FPIR target (DIR at
+    the first rank), each cell the JSON point of that target, in percent."""
+    done, result = evaluated(store, tmp_path, "--open-set", "--verification", "--far", "0.001,0.01",
+                             "--format", "csv", *FAST)
+    header, rows = csv_table(done)
+    extra = header[header.index("MFR") + 1:]
+    assert extra == ["TAR@FAR=0.001 (%)", "TAR@FAR=0.01 (%)", "DIR-R1@FPIR=0.001 (%)", "DIR-R1@FPIR=0.01 (%)",
+                     "DIR-R1@FPIR=0.1 (%)"]
+    row = dict(zip(header, rows[1]))
+    for point in result["verification"]["points"]:
+        assert_number(row[f"TAR@FAR={point['far']:g} (%)"], point["tar"], percent=True)
+    assert len(result["open_set"]["points"]) == 3 and result["open_set"]["n_non_mated"] > 0
+    for point in result["open_set"]["points"]:
+        assert_number(row[f"DIR-R1@FPIR={point['fpir']:g} (%)"], point["dir"]["1"], percent=True)
+
+
 def test_no_gom_means_no_gom_columns(store, tmp_path):
     done, _ = evaluated(store, tmp_path, "--no-gom", "--format", "csv")
     header, _ = csv_table(done)
