@@ -31,6 +31,10 @@ GOM_SETTINGS = ("normalisation", "bins", "B", "vp")
 GOM_SCALARS = ("mReP_max", "tau_max", "mVP_max", "MREP", "MFR", "tau_nz")
 GOM_CURVES = ("mRP", "mVP", "mReP", "mFR")
 PER_RUN = ("n_queries", "n_valid_queries", "mAP", "rank1", "mINP")
+# per target of a section's points: (section, the point's target key, its values: key path, label)
+TARGETS = {"verification": ("far", (("tar",), "TAR"), (("achieved_far",), "achieved FAR")),
+           "open_set": ("fpir", (("achieved_fpir",), "achieved FPIR"),)}
+NESTED = ("gom", "verification", "open_set")  # sections whose statistics nest under their name
 
 
 class ResultFileError(StreamevalError):
@@ -185,6 +189,9 @@ def aggregate(runs: list[Run]) -> dict:
     out.update({name: first[name] for name in SETTINGS})
     out.update({name: stats[name]["mean"] for name in ("cmc",) + SCALARS[len(COUNTS):]})
     out.update(gom=gom, options=first["options"], run={})
+    for section in TARGETS:
+        if first.get(section) is not None:
+            out[section], stats[section] = _target_section(runs, section)
     out["aggregate"] = {
         "n_runs": len(runs),
         "std_ddof": STD_DDOF,
@@ -195,9 +202,55 @@ def aggregate(runs: list[Run]) -> dict:
     return out
 
 
+def _target_section(runs: list[Run], section: str) -> tuple[dict, dict]:
+    """(the section with every value the mean over the runs, their statistics by name: "TAR@FAR=0.001",
+    "DIR-R1@FPIR=0.01", "auc", ...).  The runs asked for the same targets (their options agree), so
+    points match by position.  No curves: each run's ROC has its own thresholds."""
+    key, *values = TARGETS[section]
+    points, stats = [], {}
+    template = next((found for run in runs if (found := _points(run, section))), [])  # a run without may lead
+    for i, point in enumerate(template):
+        mean = {key: point[key]}
+        paths = list(values)
+        if section == "open_set":
+            paths += [(("dir", rank), f"DIR-R{rank}") for rank in point["dir"]]
+        for path, label in paths:
+            found = _point_statistics(runs, section, i, path)
+            stats[f"{label}@{key.upper()}={point[key]:g}"] = found
+            inner = mean
+            for step in path[:-1]:
+                inner = inner.setdefault(step, {})
+            inner[path[-1]] = found["mean"]
+        points.append(mean)
+    first = runs[0].result[section]
+    if section == "verification":
+        stats["auc"] = _statistics(runs, (section, "auc"))
+        return {"points": points, "auc": stats["auc"]["mean"], "curves": None}, stats  # curves: each run's own
+    limit = {}
+    for rank in first["ranks"]:
+        stats[f"closed-set limit R{rank}"] = found = _statistics(runs, (section, "closed_set_limit", str(rank)))
+        limit[str(rank)] = found["mean"]
+    return {"ranks": first["ranks"], "points": points, "closed_set_limit": limit, "note": None}, stats
+
+
+def _point_statistics(runs: list[Run], section: str, i: int, path: tuple) -> dict:
+    """``_statistics`` of a value of point i; a run without points (open-set without a non-mated
+    query: no target can be met) is left out, as a null value is."""
+    return spread([_value(run, (section, "points", i, *path)) if _points(run, section) else None for run in runs],
+                  STD_DDOF)
+
+
+def _points(run: Run, section: str) -> list:
+    points = run.result[section].get("points") if isinstance(run.result.get(section), dict) else None
+    if not isinstance(points, list):
+        raise ResultFileError(f"'{run.path}': {section}.points is missing")
+    return points
+
+
 def _by_stat(stats: dict, stat: str) -> dict:
-    """{metric: {stat: v}} -> {metric: v}, GOM metrics nested under "gom" as in a result."""
-    return {name: _by_stat(value, stat) if name == "gom" else value[stat] for name, value in stats.items()}
+    """{metric: {stat: v}} -> {metric: v}, the GOM, verification and open-set metrics nested under
+    their section's name."""
+    return {name: _by_stat(value, stat) if name in NESTED else value[stat] for name, value in stats.items()}
 
 
 def _statistics(runs: list[Run], path: tuple) -> dict:
@@ -209,10 +262,13 @@ def _statistics(runs: list[Run], path: tuple) -> dict:
 def _value(run: Run, path: tuple):
     """A metric of one run: None, a finite number or a list of them (checked, so a hand-edited or
     foreign file is refused instead of averaged)."""
+    name = ".".join(map(str, path))
     value = run.result
-    for key in path:
-        value = value[key]
-    name = ".".join(path)
+    try:
+        for key in path:
+            value = value[key]
+    except (KeyError, IndexError, TypeError):
+        raise ResultFileError(f"'{run.path}': {name} is missing") from None
     numbers = value if isinstance(value, list) else [value]
     if value is not None and not all(_is_number(v) for v in numbers):
         raise ResultFileError(f"'{run.path}': {name} must be a finite number, a list of them or null")
@@ -250,6 +306,11 @@ def summary(out: dict) -> str:
         lines.append("  GOM mean +- std: " + "   ".join(
             _mean_std(agg, key, ("gom", key), lambda v: "   n/a" if v is None else f"{v:.4f}")
             for key in ("MREP", "mReP_max", "MFR")))
+    for section, title in (("verification", "verification"), ("open_set", "open-set")):
+        named = [name for name in agg["mean"].get(section, {}) if name.startswith(("TAR", "DIR-R1@"))]
+        if named:
+            lines.append(f"  {title} mean +- std: " + "   ".join(
+                _mean_std(agg, name, (section, name), _pct) for name in named))
     return "\n".join(lines)
 
 

@@ -228,7 +228,8 @@ class Column:
 class TargetColumn(Column):
     """A value at one target of a section's points (TAR at a FAR, DIR at an FPIR): ``path`` is the
     section, then the keys inside its point.  The point is found by its target, not its position,
-    so a row that asked for other targets shows none; no std (a section keeps its own)."""
+    so a row that asked for other targets shows none.  The std is an aggregate's (its statistics
+    are named as the columns); a run's trials keep theirs in the JSON section."""
 
     target_key: str = ""
     target: float = 0.0
@@ -237,7 +238,7 @@ class TargetColumn(Column):
         section, *inner = self.path
         points = _at(row.values, (section, "points")) or []
         point = next((p for p in points if p[self.target_key] == self.target), None)
-        return self._text(_at(point, tuple(inner))), None
+        return self._text(_at(point, tuple(inner))), self._text(_at(row.std, (section, self.name)))
 
 
 def target_columns(rows: list[Row]) -> list[Column]:

@@ -5,6 +5,8 @@ given values (V5) or a foreign file, a real result is edited."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 
@@ -244,3 +246,44 @@ def test_json_on_stdout_keeps_the_table_on_stderr(results, tmp_path):
     run = cli("aggregate", *write_all(tmp_path, results), "--json", "-")
     assert json.loads(run.stdout)["aggregate"]["n_runs"] == 3
     assert "mean +- std" in run.stderr
+
+
+# ---------------------------------------------------------------------- open-set and verification
+
+
+def test_tar_and_dir_are_averaged_per_target_over_the_runs(stores, tmp_path):
+    """With --open-set --verification every run has TAR at each FAR and DIR at each FPIR and rank:
+    the aggregate's points are their means, its statistics (named as the pasted columns) their
+    spread, the third split's null DIR (no open-set query) left out of the count; the pasted
+    table's mean row shows both."""
+    options = dict(FAST, open_set=True, verification=True, dir_ranks="1,5")
+    runs = [json.loads(json.dumps(streameval.evaluate(store, **options).to_dict())) for store in stores[::-1]]
+    files = write_all(tmp_path, runs)  # the first run has no open-set query, hence no DIR point
+    run, out = aggregate(tmp_path, *files)
+    agg = out["aggregate"]
+    for i, point in enumerate(out["verification"]["points"]):
+        tars = [r["verification"]["points"][i]["tar"] for r in runs]
+        name = f"TAR@FAR={point['far']:g}"
+        assert point["tar"] == pytest.approx(np.mean(tars), abs=1e-15) == agg["mean"]["verification"][name]
+        assert agg["std"]["verification"][name] == pytest.approx(np.std(tars, ddof=1), abs=1e-15)
+        assert name in run.stdout
+    for i, point in enumerate(out["open_set"]["points"]):
+        dirs = [r["open_set"]["points"][i]["dir"]["1"] if r["open_set"]["points"] else None for r in runs]
+        found = [d for d in dirs if d is not None]
+        name = f"DIR-R1@FPIR={point['fpir']:g}"
+        assert point["dir"]["1"] == pytest.approx(np.mean(found), abs=1e-15)
+        assert agg["count"]["open_set"][name] == len(found) == 2
+    table = cli("aggregate", *files, "--json", tmp_path / "again.json", "--overwrite", "--format", "csv").stdout
+    header, *rows = list(csv.reader(io.StringIO(table)))
+    mean_row = dict(zip(header, rows[-1]))
+    name = f"TAR@FAR={out['verification']['points'][-1]['far']:g}"
+    assert mean_row[f"{name} (%)"] == f"{100 * agg['mean']['verification'][name]:.2f}"
+    assert mean_row[f"{name} std (%)"] == f"{100 * agg['std']['verification'][name]:.2f}"
+
+
+def test_a_run_missing_a_target_is_one_error_line(stores, tmp_path):
+    options = dict(FAST, verification=True)
+    runs = [json.loads(json.dumps(streameval.evaluate(store, **options).to_dict())) for store in stores[:2]]
+    runs[1]["verification"]["points"] = runs[1]["verification"]["points"][:1]
+    run, _ = aggregate(tmp_path, *write_all(tmp_path, runs, ("split1", "split2")), code=3)
+    assert one_error_line(run).endswith("verification.points.1.tar is missing")
