@@ -306,8 +306,10 @@ def summary(out: dict) -> str:
         lines.append("  GOM mean +- std: " + "   ".join(
             _mean_std(agg, key, ("gom", key), lambda v: "   n/a" if v is None else f"{v:.4f}")
             for key in ("MREP", "mReP_max", "MFR")))
-    for section, title in (("verification", "verification"), ("open_set", "open-set")):
-        named = [name for name in agg["mean"].get(section, {}) if name.startswith(("TAR", "DIR-R1@"))]
+    for section, title, shown in (("verification", "verification", "TAR@"), ("open_set", "open-set", "DIR-R")):
+        if section == "open_set" and out.get("open_set"):
+            shown = f"DIR-R{out['open_set']['ranks'][0]}@"  # the first rank, as the pasted table
+        named = [name for name in agg["mean"].get(section, {}) if name.startswith(shown)]
         if named:
             lines.append(f"  {title} mean +- std: " + "   ".join(
                 _mean_std(agg, name, (section, name), _pct) for name in named))
