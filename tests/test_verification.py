@@ -219,6 +219,37 @@ def test_near_ties_overflowing_the_tail_take_the_two_pass_route():
     assert_trial(result, pos, neg, "0.01", 16, "overflow", auc=False)
 
 
+def test_a_band_past_its_capacity_holds_at_most_it_per_chain_and_falls_back(monkeypatch):
+    """A band far wider than its capacity (every distance, 64 members): each chain's tasks stop
+    collecting at the capacity (counted across the chain, though each task fills its own buffer),
+    the joined band is marked overflowed, and the targets take the two-pass route, exact."""
+    from streameval import bands
+    from streameval.statistics import verify
+
+    rng = np.random.default_rng(6)
+    qf, gf = rng.normal(size=(30, 16)).astype(np.float32), rng.normal(size=(400, 16)).astype(np.float32)
+    data = arrays(qf, rng.integers(0, 40, 30), rng.integers(0, 4, 30), gf, rng.integers(0, 40, 400),
+                  rng.integers(0, 4, 400))
+    options = dict(verification=True, far="0.001,0.01,0.1", auc=False, no_gom=True, gallery_chunk=50, workers=2)
+    expected = streameval.evaluate(data, **options).to_dict()["verification"]
+    joined = []
+
+    def join(self, key, a, pieces):
+        out = join_band(self, key, a, pieces)
+        joined.append((max(int(sum(p[job, 0, verify.COUNT] for p in (a, *pieces))) for job in range(a.shape[0])),
+                       bool(out[:, 0, verify.OVERFLOW].all())))
+        return out
+
+    join_band = verify.Verify.join_own
+    with routed(monkeypatch, "bands") as banded:
+        monkeypatch.setattr(bands, "band_edges", lambda *_: (0.0, 1e300, 0.0, 0.0))
+        monkeypatch.setattr(verify.Verify, "join_own", join)
+        result = streameval.evaluate(data, **options).to_dict()["verification"]
+    assert joined and sum(banded) == 0 and result["method"] == "two-pass"
+    assert all(total <= 2 * 64 and overflowed for total, overflowed in joined), joined  # 2 chains
+    assert without_curves(result) == without_curves(expected)
+
+
 @pytest.mark.parametrize("auc", [True, False])
 @pytest.mark.parametrize("gallery_chunk", [64, 400])
 def test_tail_and_two_pass_agree_on_real_valued_features_with_float32_windows(auc, gallery_chunk, monkeypatch):

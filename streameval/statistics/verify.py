@@ -240,25 +240,16 @@ def copy_entries(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def pile_members(pieces: tuple, a: np.ndarray, capacities: np.ndarray) -> tuple:
-    """``pieces`` (lists of members, ``Field`` merge "append") with the used part of ``a`` added.  A
-    job past its capacity (``capacities``) over them all keeps no more members, only the overflow
-    flag: a misplaced band's pieces stay within its capacity, not one capacity per task."""
-    jobs = np.arange(a.shape[0])
+def pile_members(pieces: tuple, a: np.ndarray) -> tuple:
+    """``pieces`` (lists of members, ``Field`` merge "append") with the used part of ``a`` added, if
+    it holds a member or an overflow flag.  (What a chain collects is bounded where it is collected:
+    the kernel counts it across the chain's tasks, ``taken``.)"""
     counts = a[:, 0, COUNT].astype(np.int64)
-    total = counts + sum((p[:, 0, COUNT].astype(np.int64) for p in pieces), np.zeros_like(counts))
-    flagged = np.zeros(a.shape[0], bool)
-    for p in pieces:
-        flagged |= p[:, 0, OVERFLOW] != 0.0
-    over = flagged | (total > capacities[jobs]) | (a[:, 0, OVERFLOW] != 0.0)
-    kept = np.where(over, 0, counts)
-    if not kept.any() and (over == flagged).all():
-        return pieces  # nothing new
-    piece = np.zeros((a.shape[0], int(kept.max(initial=0)) + 1, a.shape[2]), a.dtype)
-    for job in jobs:
-        piece[job, 1:kept[job] + 1] = a[job, 1:kept[job] + 1]
-    piece[:, 0, COUNT] = kept
-    piece[:, 0, OVERFLOW] = over
+    if not counts.any() and not a[:, 0, OVERFLOW].any():
+        return pieces
+    piece = np.zeros((a.shape[0], int(counts.max()) + 1, a.shape[2]), a.dtype)
+    for job in range(a.shape[0]):
+        piece[job, :counts[job] + 1] = a[job, :counts[job] + 1]
     return pieces + (piece,)
 
 
@@ -445,12 +436,13 @@ def _near_columns(blk, i, negative, limit, hit, near):
 
 @_jit
 def _offer_row(blk, i, near, found, q, tail, core, bound, lows, highs, capacities, scales, first, last, below, members,
-               fine, windows):
+               fine, windows, taken):
     """Row i's pairs ``near[:found]`` (below its limit) to the trial's bands (jobs first..last-1,
     ``band_jobs``) and its tail (``bound``: its bound, -inf for none); returns the tail's bound.
 
     A collecting band (capacity > 0) counts a pair below it when certainly so, else the pair's
-    canonical distance decides between below, a member (collected exact, w = 0) and above.  A
+    canonical distance decides between below, a member (collected exact, w = 0, into this task's
+    buffer; ``taken`` counts them over the chain, against the capacity) and above.  A
     counting band takes the fast distance: below it or into its fine histogram, and the widest
     window it met (every pair below its high edge passes here).  (One loop, no helper: each call of
     a helper taking the arrays would cost their reference counts, more than the pair's work.)"""
@@ -474,7 +466,7 @@ def _offer_row(blk, i, near, found, q, tail, core, bound, lows, highs, capacitie
                     below[b] += 1
                 elif exact < highs[b]:
                     n = np.int64(members[b, 0, COUNT]) + 1
-                    if n > capacities[b]:  # the pilot misjudged the band: unusable
+                    if taken[b] >= capacities[b]:  # the pilot misjudged the band: unusable
                         members[b, 0, OVERFLOW] = 1.0
                     else:
                         members[b, n, 0] = exact
@@ -482,6 +474,7 @@ def _offer_row(blk, i, near, found, q, tail, core, bound, lows, highs, capacitie
                         members[b, n, 2] = np.float64(blk.g_start + j)
                         members[b, n, 3] = q
                         members[b, 0, COUNT] = n
+                        taken[b] += 1
         if d - w < bound:
             bound = _add(tail, core, d, w, np.float64(blk.g_start + j), q)
     return bound
@@ -534,7 +527,7 @@ def update_verify_fast(blk, qrows, shift, hist, tails, core, bands, count):
     the row's scan.  A tail without a bound gets one from the block's counts first
     (``_seed_bound``), then takes the block's pairs in a second scan.  Without ``count`` (a
     refinement's bands) no histogram."""
-    lows, highs, capacities, scales, job_first, below, members, fine, windows = bands
+    lows, highs, capacities, scales, job_first, below, members, fine, windows, taken = bands
     sh = np.uint64(shift)
     n_rows, n = blk.dist.shape
     gn_max = blk.gn.max() if n else 0.0
@@ -569,7 +562,7 @@ def update_verify_fast(blk, qrows, shift, hist, tails, core, bands, count):
                 found = _near_columns(blk, i, negative, limit, hit, near) if limit > -np.inf else 0
                 if found:
                     bound = _offer_row(blk, i, near, found, np.float64(qrows[i]), tail, core, bound, lows, highs,
-                                       capacities, scales, first, last, below, members, fine, windows)
+                                       capacities, scales, first, last, below, members, fine, windows, taken)
         if count:
             hist[t] += sub.sum(axis=0)
             sub[:] = 0
@@ -679,6 +672,7 @@ class Verify(Statistic):
             self.fields["band"] = Field("global", np.float64, (len(bands.keys), max(bands.capacities) + 1, ENTRY),
                                         0.0, "append")
             self.fields["below"] = Field("global", np.int64, (len(bands.keys),))
+            self.fields["taken"] = Field("global", np.int64, (len(bands.keys),))  # members collected
             if not all(bands.capacities):
                 self.fields["fine"] = Field("global", np.int64, (len(bands.keys), FINE_BINS))
                 self.fields["window"] = Field("global", np.float64, (len(bands.keys),), 0.0, "max")
@@ -699,14 +693,15 @@ class Verify(Statistic):
         else:
             bands = (*run.later.get(self.name, self.jobs), state.get("below", np.zeros(0, np.int64)),
                      state.get("band", np.zeros((0, 1, ENTRY))),
-                     state.get("fine", np.zeros((0, 1), np.int64)), state.get("window", np.zeros(0)))
+                     state.get("fine", np.zeros((0, 1), np.int64)), state.get("window", np.zeros(0)),
+                     state.get("taken", np.zeros(0, np.int64)))
             update_verify_fast(blk, aux[rows], 64 - self.bits, state["hist"], tails, self.core, bands, self.count)
 
     def merge_own(self, key: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return merge_tails(a, b, self.core)
 
     def pile_own(self, key: str, pieces: tuple, a: np.ndarray) -> tuple:
-        return pile_members(pieces, a, self.jobs[2])
+        return pile_members(pieces, a)
 
     def join_own(self, key: str, a: np.ndarray, pieces: tuple) -> np.ndarray:
         return join_members(a, pieces, self.jobs[2])
@@ -819,7 +814,7 @@ class Refine(Statistic):
         update_refine(blk, aux[rows], *self.jobs, state["hist"], members)
 
     def pile_own(self, key: str, pieces: tuple, a: np.ndarray) -> tuple:
-        return pile_members(pieces, a, np.full(a.shape[0], a.shape[1] - 1, np.int64))
+        return pile_members(pieces, a)
 
     def join_own(self, key: str, a: np.ndarray, pieces: tuple) -> np.ndarray:
         return join_members(a, pieces, np.full(a.shape[0], a.shape[1] - 1, np.int64))
