@@ -17,7 +17,7 @@ import dask
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from . import graph, kernels, metrics
+from . import graph, kernels, metrics, scratch
 from .choices import MAX_RANK_LIMIT, PRECISIONS
 from .cluster import CONNECT_TIMEOUT_S, ClusterOptions, connect
 from .errors import OptionError
@@ -240,7 +240,7 @@ class Runner:
                     # the scheduler itself, not "threads": naming one makes dask import distributed (0.3 s)
                     return dask.compute(built, scheduler=dask.threaded.get, num_workers=self.plan.workers)[0]
             finally:
-                graph.release_scratch()
+                scratch.release()
         if self.bar is None:
             return self.client.compute(built).result()
         return compute_distributed(self.client, built, keys, self.bar.finished)

@@ -9,8 +9,8 @@ protocol includes them: ``gallery_parts``), each built per query block (``Plan``
                         └─> score_chunk(chunk 0..C, positives, normalisation)            scoring pass
                               in W chains (chunk w, w+W, ...) ─> tree of StatState.merge
 
-A scoring task computes one distance block per query sub-block and runs every requested statistic
-on it (``statistics``); trials are bits of each row (``Metadata``), counted in the same pass.
+A scoring task computes one block of dot products per query sub-block and runs every requested
+statistic on it (``statistics``); trials are bits of each row (``Metadata``), counted in the same pass.
 ``build`` chains the passes over the whole gallery (one graph: the scoring tasks wait for the
 positives and, with ``minmax``, for the per-trial ranges).  Incremental updates (``incremental.py``) run the
 passes over the new rows and over the old rows of a subset of the queries.
@@ -27,14 +27,13 @@ O(workers) states are alive at once, however many chunks the gallery has.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field, replace
 from functools import reduce
 
 import numpy as np
 from dask import delayed
 
-from . import kernels
+from . import kernels, scratch
 from .errors import OptionError, StoreError
 from .gom import DistanceRange, GomOptions, Normalisation
 from .plan import Plan
@@ -42,7 +41,7 @@ from .progress import pairs_work, read_work, work_key
 from .protocol import Rules, camera_table
 from .state import Positives
 from .statistics import StatState
-from .statistics.block import Block, fill_distances
+from .statistics.block import Block, dropped_columns, fill_distances
 from .store import FeatureSet, read_ids, read_rows, row_number
 
 MERGE_FAN_IN = 8
@@ -209,25 +208,6 @@ def collect_positives(n_queries: int, n_trials: int, *parts) -> Positives:
     return Positives.from_pairs(n_queries, qrows, gidx, dist, bits, sum(part[4] for part in parts))
 
 
-_scratch: dict[tuple, np.ndarray] = {}  # (thread id, purpose) -> reusable buffer
-
-
-def _buffer(purpose: str, dtype, shape: tuple) -> np.ndarray:
-    """A per-thread buffer reused across tasks: a fresh block of this size would cost page faults
-    on every task (about as much as the GEMM itself at small D)."""
-    size = int(np.prod(shape))
-    key = (threading.get_ident(), purpose)
-    buffer = _scratch.get(key)
-    if buffer is None or buffer.dtype != dtype or buffer.size < size:
-        buffer = _scratch[key] = np.empty(size, dtype=dtype)
-    return buffer[:size].reshape(shape)
-
-
-def release_scratch() -> None:
-    """Drop the block buffers (the threaded scheduler's threads outlive an evaluation)."""
-    _scratch.clear()
-
-
 def _sub_blocks(queries: Rows, chunk: Rows, part: Part, start: int, stop: int, scoring: Scoring):
     """(row slice, dot products) for consecutive QUERY_SUB_BLOCK-row slices of the query block: a
     GEMM, or for a distance store the stored distances read (``kernels.PRECOMPUTED``: a stored
@@ -242,7 +222,7 @@ def _sub_blocks(queries: Rows, chunk: Rows, part: Part, start: int, stop: int, s
             yield rows, stored_distances(part, start, stop, queries.index[rows], scoring)
             continue
         a = queries.features[rows]
-        out = _buffer("dots", a.dtype, (a.shape[0], chunk.features.shape[0]))
+        out = scratch.buffer("dots", a.dtype, (a.shape[0], chunk.features.shape[0]))
         np.matmul(a, chunk.features.T, out=out)
         yield rows, out
 
@@ -253,18 +233,16 @@ def _in_trial(bits: np.ndarray, t: int):
     return slice(None) if inside.all() else np.flatnonzero(inside)
 
 
-def _with_range(ranges: list, queries: Rows, rows: slice, chunk: Rows, dots: np.ndarray, dist: np.ndarray,
-                scoring: Scoring) -> list:
-    """``ranges`` merged with the per-trial range of the sub-block's pairs (fast distances ``dist``;
-    ``dots`` are a distance store's canonical ones)."""
+def _with_range(ranges: list, queries: Rows, rows: slice, chunk: Rows, dots: np.ndarray, scoring: Scoring) -> list:
+    """``ranges`` merged with the per-trial range of the sub-block's pairs (dot products ``dots``,
+    for a distance store its canonical distances)."""
     out = []
     for t, known in enumerate(ranges):
         q, g = _in_trial(queries.bits[rows], t), _in_trial(chunk.bits, t)
         whole = isinstance(q, slice) and isinstance(g, slice)
         trial_dots = dots if whole else np.ascontiguousarray(dots[q][:, g])
         found = kernels.distance_range(
-            dist if whole else np.ascontiguousarray(dist[q][:, g]),
-            exact_source(queries.features[rows][q], trial_dots, scoring), chunk.features[g],
+            trial_dots, exact_source(queries.features[rows][q], trial_dots, scoring), chunk.features[g],
             queries.terms[rows][q], chunk.terms[g], queries.norms[rows][q], chunk.norms[g], scoring.metric,
             scoring.dot_bound)
         out.append(DistanceRange.merge(known, DistanceRange(*found)))
@@ -283,7 +261,7 @@ def range_chunk(part: Part, start: int, stop: int, queries: Rows, positives: Pos
     else:  # a copy, as score_chunk's
         ranges, state = before[0], before[1].copy()
     for rows, dots, chunk, blk in _blocks(part, start, stop, queries, positives, riding, run.meta):
-        ranges = _with_range(ranges, queries, rows, chunk, dots, blk.dist, scoring)
+        ranges = _with_range(ranges, queries, rows, chunk, dots, scoring)
         _update(riding.statistics, aux, blk, rows, state, run)
     return ranges, state
 
@@ -332,14 +310,16 @@ def _blocks(part: Part, start: int, stop: int, queries: Rows, positives: Positiv
     rows [start, stop)."""
     chunk = load_rows(part.fs, slice(start, stop), scoring, meta, part)
     junk = scoring.rules.junk_mask(chunk.pids)
+    filled = any(stat.reads_distances for stat in scoring.statistics)
     for rows, dots in _sub_blocks(queries, chunk, part, start, stop, scoring):
-        dist = _buffer("distances", np.float64, dots.shape)
-        fill_distances(dots, queries.terms[rows], chunk.terms, scoring.metric, dist)
+        dist = scratch.buffer("distances", np.float64, dots.shape if filled else (0, 0))
+        if filled:
+            fill_distances(dots, queries.terms[rows], chunk.terms, scoring.metric, dist)
         q_cix, g_cix, table = camera_table(scoring.rules.protocol.x_any, queries.camids[rows], chunk.camids)
         yield rows, dots, chunk, Block(
-            dist, exact_source(queries.features[rows], dots, scoring), chunk.features, queries.terms[rows],
+            dots, dist, exact_source(queries.features[rows], dots, scoring), chunk.features, queries.terms[rows],
             chunk.terms, queries.norms[rows], chunk.norms, scoring.metric, scoring.dot_bound, queries.pids[rows],
-            chunk.pids, junk, q_cix, g_cix, table, queries.bits[rows], chunk.bits, part.offset + start,
+            chunk.pids, q_cix, dropped_columns(junk, g_cix, table), queries.bits[rows], chunk.bits, part.offset + start,
             positives.offsets[rows.start:rows.stop + 1], positives.dist, positives.gidx, positives.bits)
 
 

@@ -312,20 +312,23 @@ def _extremes(x):
 
 
 @_jit
-def distance_range(dist, qf, gf, qa, ga, qn, gn, metric, c_dot):
-    """Canonical (min, max) distance over a block of fast distances ``dist``: the first GOM pass of
-    ``minmax`` normalisation.
+def distance_range(dots, qf, gf, qa, ga, qn, gn, metric, c_dot):
+    """Canonical (min, max) distance over a block of GEMM dot products ``dots``: the first GOM pass
+    of ``minmax`` normalisation.
 
-    The extremes are found on fast distances, then settled canonically among the pairs within two
-    windows of them (``reach``: no pair's window is wider), visiting only rows that reach them.
+    The extremes are found on fast distances (a row at a time, in a buffer that stays in cache),
+    then settled canonically among the pairs within two windows of them (``reach``: no pair's window
+    is wider), visiting only rows that reach them.
     """
-    nq, ng = dist.shape
+    nq, ng = dots.shape
     if nq == 0 or ng == 0:
         return np.inf, -np.inf
+    row = np.empty(ng)
     row_low = np.empty(nq)
     row_high = np.empty(nq)
     for i in range(nq):
-        row_low[i], row_high[i] = _extremes(dist[i])
+        row_distances(dots, i, qa[i], ga, metric, row)
+        row_low[i], row_high[i] = _extremes(row)
     gn_max = gn.max()
     reach = 0.0
     for i in range(nq):
@@ -337,13 +340,20 @@ def distance_range(dist, qf, gf, qa, ga, qn, gn, metric, c_dot):
     for i in range(nq):
         if (row_low[i] > fast_low) & (row_high[i] < fast_high):
             continue
+        row_distances(dots, i, qa[i], ga, metric, row)
         for j in range(ng):
-            d = dist[i, j]
-            if (d <= fast_low) | (d >= fast_high):
+            if (row[j] <= fast_low) | (row[j] >= fast_high):
                 exact = canonical_distance(qf, gf, i, j, qa[i], ga[j], metric)
                 low = min(low, exact)
                 high = max(high, exact)
     return low, high
+
+
+@_inline
+def row_distances(dots, i, qa, ga, metric, out):
+    """out[j] = the fast distance of pair (i, j) of a block of dot products."""
+    for j in range(out.shape[0]):
+        out[j] = pair_distance(dots[i, j], qa, ga[j], metric)
 
 
 @_jit

@@ -17,7 +17,7 @@ import sys
 import textwrap
 
 HEAVY = ("numba", "zarr", "dask", "distributed", "matplotlib")
-ENTRY_POINTS = ("kernels.row_terms", "kernels.pair_distances", "kernels.distance_range", "statistics.block.fill_distances",
+ENTRY_POINTS = ("kernels.row_terms", "kernels.pair_distances", "kernels.distance_range", "statistics.block.slotted_negatives",
                 "statistics.slots.update_slots", "statistics.gom_hist.update_hist", "kernels.rank_summaries",
                 "kernels.gom_curves")
 WORKING_PRECISION = ENTRY_POINTS[:6]  # kernels with an argument in the working precision

@@ -7,14 +7,15 @@ Each statistic declares
   (``sum``, ``min``, ``max`` - exact in any order - or its own ``merge``); or a state over all the
   pairs of a set of queries (axis ``global``: one array, not per query, e.g. a histogram or a tail
   of the smallest negative distances), merged the same way when query blocks are joined;
-* its chunk update (``update``: a numba kernel over one :data:`~.block.Block` of distances);
+* its chunk update (``update``: a numba kernel over one :data:`~.block.Block` of dot products,
+  with ``reads_distances`` when it reads the block's filled distances);
 * optionally ``prepare``: per-query-block data its update needs (computed once per block), and
   ``after_first``: what it takes from the statistics that ride minmax GOM's first pass
   (``graph.Scoring.first``: verification's counting bands), whose fields marked ``first_pass`` it
   then does not count itself;
 * its finalisation, in ``metrics`` / ``gom`` / its own module, per trial.
 
-The scoring pass (``graph.score_chunk``) computes one distance block and runs the requested
+The scoring pass (``graph.score_chunk``) computes one block of dot products and runs the requested
 statistics on it (``StatState``).  Statistics: ``slots`` (ranking slots: CMC, AP, INP), ``gom``
 (GOM threshold histograms), ``dedup`` (identity-dedup CMC), ``sgs`` (single-gallery-shot CMC),
 ``topk`` (ranked lists).
@@ -51,6 +52,10 @@ class Statistic:
 
     name = ""
     fields: dict = {}
+    # Whether ``update`` reads the block's filled float64 distances (``Block.dist``); the others take
+    # them from the dot products where they need them (``block`` module docstring), and a pass
+    # fills the block only for a statistic that reads it.
+    reads_distances = False
 
     def prepare(self, meta, queries, positives):
         """Per-query-block data for ``update`` (None unless a statistic needs some)."""

@@ -1,13 +1,22 @@
 """What every statistic's chunk update reads: one block of distances and the rows' metadata.
 
-The scoring pass computes, per query sub-block and gallery chunk, the fast (GEMM) distances once
-(``fill_distances``) and hands every requested statistic the same :data:`Block`.  A Block is a
-namedtuple, so numba compiles it as one typed argument.
+The scoring pass computes, per query sub-block and gallery chunk, one block of GEMM dot products
+and hands every requested statistic the same :data:`Block`.  A Block is a namedtuple, so numba
+compiles it as one typed argument.
+
+A pair's fast distance is ``fast_distance`` of its dot product.  Statistics take it where they need
+it rather than from a filled block of float64 distances: that block (512 x 4,096 x 8 bytes = 16 MiB,
+larger than the caches) cost more to write and read again than the GEMM at D = 256.  A statistic
+that looks at pairs within a limit (``within``: rows near a query's last positive) screens the dot
+products against the limit turned into a dot product, conservatively, and computes the distance of
+the few rows that pass; one that needs every pair's distance (GOM's thresholds) computes a row at a
+time into a buffer that stays in cache (``row_distances``).  Statistics that still read a filled
+block declare ``reads_distances`` and the pass fills ``dist`` for them only.
 
 Who counts as what (PROTOCOLS.md section 1.2) is decided here, once, for every statistic:
 
 * ``kept_negative``: gallery row j is a kept negative of query i in some trial: another pid, not a
-  junk pid, the camera pair not in ``x_any`` (one lookup in ``any_table``), and a trial holding
+  junk pid, the camera pair not in ``x_any`` (both in ``g_dropped``), and a trial holding
   both (``g_bits & q_bits``, bit t = trial t).  Same-pid rows are never negatives: they are
   positives or excluded (x_same, own copy), which the positives pass decides.
 * ``slotted_negatives``: the kept negatives within a statistic's reach with their slot, how many
@@ -20,23 +29,25 @@ Positives are the superset's (every trial's); ``pos_bits`` says which trials eac
 
 from __future__ import annotations
 
+import math
 from collections import namedtuple
 
 import numba as nb
 import numpy as np
 
-from .. import kernels
+from .. import kernels, scratch
 
 _jit = nb.njit(nogil=True, cache=True)
 _inline = nb.njit(nogil=True, cache=True, inline="always")
 
 Block = namedtuple("Block", [
-    "dist",  # (rows, gallery rows) float64 fast distances
+    "dots",  # (rows, gallery rows) GEMM dot products (working precision; float64 stored distances)
+    "dist",  # the float64 fast distances of ``dots``, filled only for statistics that declare ``reads_distances``
     "qf", "gf",  # features in the working precision (for canonical distances)
     "qa", "ga", "qn", "gn",  # float64 row terms and norms
     "metric", "c_dot",  # metric code, GEMM dot error bound
-    "q_pid", "g_pid", "g_junk",  # int64, int64, uint8 (pid in the junk set)
-    "q_cix", "g_cix", "any_table",  # camera indices into the uint8 x_any table (1 = excluded)
+    "q_pid", "g_pid",  # int64
+    "q_cix", "g_dropped",  # query camera index; uint8 [camera index, column]: 1 = junk pid or x_any
     "q_bits", "g_bits",  # uint64 trial membership
     "g_start",  # global (extended) gallery index of column 0
     "pos_off", "pos_d", "pos_g", "pos_bits",  # the rows' positives: CSR offsets into the other three
@@ -53,78 +64,246 @@ def fill_distances(dots, qa, ga, metric, out):
 
 
 @_inline
-def kept_negative(blk, i, j):
-    """Whether row j is a kept negative of query i in at least one trial (branch-free)."""
-    return ((blk.g_pid[j] != blk.q_pid[i]) & (blk.g_junk[j] == 0)
-            & (blk.any_table[blk.q_cix[i], blk.g_cix[j]] == 0) & ((blk.g_bits[j] & blk.q_bits[i]) != 0))
+def fast_distance(blk, i, j):
+    """The fast distance of pair (i, j): its GEMM dot product combined with the rows' terms."""
+    return kernels.pair_distance(blk.dots[i, j], blk.qa[i], blk.ga[j], blk.metric)
 
 
 @_inline
-def reach(blk, i, d):
+def row_distances(blk, i, out):
+    """out[j] = the fast distance of pair (i, j), for every row j of the chunk."""
+    kernels.row_distances(blk.dots, i, blk.qa[i], blk.ga, blk.metric, out)
+
+
+# Relative slack of the screen in ``within``: the fast distance's few float64 roundings move it by
+# ~1e-15 of the magnitudes involved, the screen's own by as little; 1e-9 lets through a handful of
+# extra rows, never drops one.
+SCREEN_SLACK = 1e-9
+
+
+@_inline
+def _screen(blk, i, limit):
+    """(sign, a, b): a pair (i, j) whose fast distance is at most ``limit`` has
+    sign * dot >= a + b * ga[j].  The fast distance falls as the dot product grows (rises, for a
+    stored distance): cosine 1 - dot / (qa ga) <= L iff dot >= (1 - L) qa ga; squared euclidean
+    qa + ga - 2 dot <= L iff dot >= (qa - L) / 2 + ga / 2; euclidean as squared with L^2.  Each bound
+    is loosened by ``SCREEN_SLACK`` of the terms' magnitude, so rounding never drops a pair."""
+    qa = blk.qa[i]
+    m = SCREEN_SLACK
+    if blk.metric == kernels.PRECOMPUTED:
+        return -1.0, -limit - m * abs(limit), 0.0
+    if blk.metric == kernels.COSINE:
+        return 1.0, 0.0, qa * ((1.0 - limit) - m * (1.0 + abs(limit)))
+    if blk.metric == kernels.EUCLIDEAN:
+        limit = limit * limit * (1.0 + m) if limit >= 0.0 else -np.inf
+    return 1.0, 0.5 * ((1.0 - m) * qa - limit - m * abs(limit)), 0.5 * (1.0 - m)
+
+
+@_inline
+def within(blk, i, limit, hit, cols):
+    """cols[:n] = the kept negatives j (ascending) of query i whose fast distance may be at most
+    ``limit``; returns n.  A screen of the dot products (``_screen``: a multiply-add and a compare a
+    pair) and the kept test, in a loop that vectorises, into the mask ``hit`` (a ``mask`` buffer):
+    every kept negative within the limit is listed, with at most a few just beyond it, so a caller
+    decides each listed row exactly."""
+    dots = blk.dots[i]
+    sign, a, b = _screen(blk, i, limit)
+    qp = blk.q_pid[i]
+    qb = blk.q_bits[i]
+    dropped = blk.g_dropped[blk.q_cix[i]]
+    passed = 0
+    if limit > -np.inf:  # a row without a limit (or NaN): nothing
+        for j in range(dots.shape[0]):
+            h = ((sign * np.float64(dots[j]) >= a + b * blk.ga[j]) & (blk.g_pid[j] != qp) & (dropped[j] == 0)
+                 & ((blk.g_bits[j] & qb) != 0))
+            hit[j] = h
+            passed += h
+    n = 0
+    if passed > 0:
+        n = compact(hit, cols)
+    return n  # one return: numba inlines a helper with several far less well
+
+
+@_inline
+def mask(n_cols):
+    """A zeroed mask for ``compact`` over ``n_cols`` columns, padded to whole 8-byte words (a
+    column list it fills needs as many entries)."""
+    return np.zeros(n_cols + (-n_cols) % 8, dtype=np.uint8)
+
+
+@_inline
+def compact(hit, cols):
+    """cols[:n] = the positions of the nonzero bytes of ``hit`` (0 or 1, zero-padded to whole 8-byte
+    words), ascending; returns n.  Empty words are skipped, so a sparse mask costs a read of it."""
+    words = hit.view(np.uint64)
+    n = 0
+    for w in range(words.shape[0]):
+        if words[w] != 0:
+            for j in range(8 * w, 8 * w + 8):
+                cols[n] = j
+                n += hit[j]
+    return n
+
+
+@_inline
+def kept_negative(blk, i, j):
+    """Whether row j is a kept negative of query i in at least one trial (branch-free)."""
+    return ((blk.g_pid[j] != blk.q_pid[i]) & (blk.g_dropped[blk.q_cix[i], j] == 0)
+            & ((blk.g_bits[j] & blk.q_bits[i]) != 0))
+
+
+@_inline
+def kept_bits(blk, i, out):
+    """out[j] = the trials in which row j is a kept negative of query i (0: none), for every row
+    (contiguous loads only, so the loop vectorises)."""
+    qp = blk.q_pid[i]
+    qb = blk.q_bits[i]
+    dropped = blk.g_dropped[blk.q_cix[i]]
+    for j in range(out.shape[0]):
+        out[j] = (blk.g_bits[j] & qb) * np.uint64((blk.g_pid[j] != qp) & (dropped[j] == 0))
+
+
+def dropped_columns(g_junk: np.ndarray, g_cix: np.ndarray, any_table: np.ndarray) -> np.ndarray:
+    """Block.g_dropped from the rows' junk flags and ``protocol.camera_table``: per query camera
+    index, the rows a query of that camera never counts as negatives whatever their pid (junk, or
+    the camera pair in x_any).  One contiguous row per query for ``kept_negative``: a lookup in the
+    camera table per pair stopped its loops from vectorising."""
+    return np.ascontiguousarray(any_table[:, g_cix] | g_junk[None, :])
+
+
+@_inline
+def reach(blk, i, d, gn_max):
     """A fast distance beyond which no row of the chunk can come before an item at distance ``d``
-    for query i (``kernels.reach_distance``, with the chunk's widest row)."""
-    gn_max = blk.gn.max() if blk.gn.shape[0] else 0.0
+    for query i (``kernels.reach_distance``, with the chunk's widest row: ``widest``)."""
     return kernels.reach_distance(d, blk.qn[i], gn_max, blk.metric, blk.c_dot)
 
 
 @_inline
-def _slot_bounds(blk, i, j, lo, hi):
-    """Query i's positives (pos[lo:hi]) certainly before row j, and possibly before it: the counts
-    at the two ends of its fast distance's error window (equal: that is its slot)."""
-    d = blk.dist[i, j]
+def widest(blk):
+    """The chunk's largest row norm (taken once a block: a row loop taking it cost a scan of the
+    chunk per query)."""
+    return blk.gn.max() if blk.gn.shape[0] else 0.0
+
+
+@_inline
+def _slot(blk, i, j, lo, hi):
+    """Row j's slot among query i's positives (pos[lo:hi]) when its fast distance's error window
+    cannot change it, else -1: the positives before the window's low end, unless the next one is
+    before its high end."""
+    d = fast_distance(blk, i, j)
     g = blk.g_start + j
     w = kernels.distance_window(d, blk.qn[i], blk.gn[j], blk.metric, blk.c_dot)
-    return (kernels.positives_before(blk.pos_d, blk.pos_g, lo, hi, d - w, g),
-            kernels.positives_before(blk.pos_d, blk.pos_g, lo, hi, d + w, g))
+    first = kernels.positives_before(blk.pos_d, blk.pos_g, lo, hi, d - w, g)
+    m = lo + first
+    following = max(min(m, hi - 1), 0)  # read when there is a next positive only (branch-free)
+    high = d + w
+    straddled = (m < hi) & ((blk.pos_d[following] < high) | ((blk.pos_d[following] == high) & (blk.pos_g[following] < g)))
+    return first - (first + 1) * np.int64(straddled)
+
+
+BUCKETS_PER_POSITIVE = 8
+MAX_BUCKETS = 4096
+SEARCH = -2  # a slot not decided by the table yet
+
+
+@_inline
+def _bucket(x, x0, scale, buckets):
+    """Index in a slot table of distance ``x``: 0 below the first positive's bucket, then
+    floor((x - x0) scale) + 1 up to ``buckets`` + 1.  Non-decreasing in ``x`` (each step rounds
+    monotonically), which is all the table relies on."""
+    v = min(max((x - x0) * scale, -1.0), np.float64(buckets))
+    return np.int64(math.floor(v)) + 1
+
+
+@_inline
+def _slot_table(pos_d, lo, hi, table):
+    """Fill ``table`` for the positives pos[lo:hi]: at a bucket holding no positive, the number of
+    positives in earlier buckets; -1 at a bucket holding one.  An item whose window [d - w, d + w]
+    runs from bucket a to bucket b with table[a] == table[b] >= 0 has no positive in between, so
+    every positive of an earlier bucket is below d - w (the bucket is non-decreasing) and every
+    later one above d + w: table[a] is its slot, ties and all.  Returns (x0, scale, buckets)."""
+    x0 = pos_d[lo]
+    span = pos_d[hi - 1] - x0
+    buckets = min(BUCKETS_PER_POSITIVE * (hi - lo), MAX_BUCKETS)
+    scale = buckets / span if span > 0.0 else 0.0
+    table[:buckets + 2] = 0
+    for p in range(lo, hi):
+        table[_bucket(pos_d[p], x0, scale, buckets)] += 1
+    before = 0
+    for b in range(buckets + 2):
+        held = table[b]
+        table[b] = before if held == 0 else -1
+        before += held
+    return x0, scale, buckets
 
 
 @_jit
-def slotted_negatives(blk, limits):
+def slotted_negatives(blk, limits, qi, gj, slot):
     """Every kept negative of the block within its query's limit (fast distance at most
-    ``limits[i]``, the statistic's reach), with its slot (query i's positives ordered before it,
-    exact): arrays (query, column, slot).
+    ``limits[i]``, the statistic's reach; ``within`` may add a few rows just beyond it), with its
+    slot (query i's positives ordered before it, exact): into (query, column, slot) arrays
+    ``negatives_buffers``; returns their number.
 
-    A slot is decided on the fast distance when its error window cannot change it; the canonical
-    distances the others need are computed last, gallery row by gallery row, so each row's features
-    come from memory once for all its queries, not once per query between scans of the distance
-    block (corrupted features, whose last positives rank ~2,000 rows deep, need ~20,000 a block:
-    ~4 us each when read in scan order)."""
+    A slot is decided on the fast distance when its error window cannot change it: from a table of
+    the query's positives by distance bucket (``_slot_table``), or where a positive shares the
+    window's buckets by a search among them (``_slot``); the canonical distances the others need
+    are computed last, gallery row by gallery row, so each row's features come from memory once for
+    all its queries, not once per query between scans of the block (corrupted features, whose last
+    positives rank ~2,000 rows deep, need ~20,000 a block: ~4 us each when read in scan order)."""
+    n_cols = blk.dots.shape[1]
+    hit = mask(n_cols)
+    cols = np.empty(hit.shape[0], dtype=np.int64)
+    row_slots = np.empty(n_cols, dtype=np.int64)
+    table = np.empty(MAX_BUCKETS + 2, dtype=np.int64)
     n = 0
-    for i in range(blk.dist.shape[0]):  # counted first: arrays grown in the loop cost more than this scan
-        for j in range(blk.dist.shape[1]):
-            n += (blk.dist[i, j] <= limits[i]) and kept_negative(blk, i, j)
-    qi = np.empty(n, dtype=np.int64)
-    gj = np.empty(n, dtype=np.int64)
-    slot = np.empty(n, dtype=np.int64)
-    n = 0
-    for i in range(blk.dist.shape[0]):
-        limit = limits[i]
-        if limit == -np.inf:
-            continue
-        lo = blk.pos_off[i]
-        hi = blk.pos_off[i + 1]
-        for j in range(blk.dist.shape[1]):
-            if blk.dist[i, j] > limit or not kept_negative(blk, i, j):
-                continue
-            first, last = _slot_bounds(blk, i, j, lo, hi)
-            qi[n] = i
-            gj[n] = j
-            slot[n] = first if first == last else -1
-            n += 1
-    pending = np.flatnonzero(slot < 0)
+    for i in range(blk.dots.shape[0]):
+        found = _row_slots(blk, i, within(blk, i, limits[i], hit, cols), cols, row_slots, table)
+        for k in range(found):
+            qi[n + k] = i
+            gj[n + k] = cols[k]
+            slot[n + k] = row_slots[k]
+        n += found
+    pending = np.flatnonzero(slot[:n] < 0)
     pending = pending[np.argsort(gj[pending], kind="mergesort")]
     exact = kernels.pair_distances(blk.qf, blk.gf, qi[pending], gj[pending], blk.qa, blk.ga, blk.metric)
     for k in range(pending.shape[0]):
         i = qi[pending[k]]
         slot[pending[k]] = kernels.positives_before(blk.pos_d, blk.pos_g, blk.pos_off[i], blk.pos_off[i + 1],
                                                     exact[k], blk.g_start + gj[pending[k]])
-    return qi, gj, slot
+    return n
+
+
+def negatives_buffers(blk) -> tuple:
+    """This thread's (query, column, slot) arrays for ``slotted_negatives``, with room for every pair
+    of the block: only what it finds is written, and reused buffers spare a page fault per 4 KiB
+    of fresh memory (``scratch``)."""
+    return tuple(scratch.buffer(f"negatives-{name}", np.int64, (blk.dots.size,)) for name in ("query", "column", "slot"))
+
+
+@_inline
+def _row_slots(blk, i, n, cols, slots, table):
+    """slots[k] = the slot of query i's kept negative cols[k], for k < n (-1: the canonical
+    distance decides); returns n."""
+    if n > 0:
+        lo = blk.pos_off[i]
+        hi = blk.pos_off[i + 1]
+        x0, scale, buckets = _slot_table(blk.pos_d, lo, hi, table)
+        for k in range(n):
+            j = cols[k]
+            d = fast_distance(blk, i, j)
+            w = kernels.distance_window(d, blk.qn[i], blk.gn[j], blk.metric, blk.c_dot)
+            first = table[_bucket(d - w, x0, scale, buckets)]
+            slots[k] = first if (first == table[_bucket(d + w, x0, scale, buckets)]) & (first >= 0) else SEARCH
+        for k in range(n):  # a positive within the window's buckets: searched for
+            if slots[k] == SEARCH:
+                slots[k] = _slot(blk, i, cols[k], lo, hi)
+    return n
 
 
 @_inline
 def before_key(blk, i, j, d_ref, g_ref):
     """Whether row j comes before the item (d_ref, g_ref) for query i (exact)."""
-    d = blk.dist[i, j]
+    d = fast_distance(blk, i, j)
     g = blk.g_start + j
     w = kernels.distance_window(d, blk.qn[i], blk.gn[j], blk.metric, blk.c_dot)
     low = (d - w < d_ref) | ((d - w == d_ref) & (g < g_ref))

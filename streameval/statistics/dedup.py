@@ -14,7 +14,7 @@ import numpy as np
 
 from ..choices import INT64_MIN
 from . import Field, Statistic
-from .block import reach, slotted_negatives, trial_bit
+from .block import negatives_buffers, reach, slotted_negatives, trial_bit, widest
 
 EMPTY = INT64_MIN  # a reserved pid (no store holds it)
 _jit = nb.njit(nogil=True, cache=True)
@@ -33,12 +33,13 @@ def _insert(held, pid):
 
 
 @_jit
-def update_dedup(blk, held):
+def update_dedup(blk, held, qi, gj, slot):
     """held[i, t]: pids of negatives before trial t's first positive of query i."""
     n_trials = held.shape[1]
-    first = np.empty((blk.dist.shape[0], n_trials), dtype=np.int64)  # superset index of each trial's first positive
-    limits = np.full(blk.dist.shape[0], -np.inf)
-    for i in range(blk.dist.shape[0]):
+    first = np.empty((blk.dots.shape[0], n_trials), dtype=np.int64)  # superset index of each trial's first positive
+    limits = np.full(blk.dots.shape[0], -np.inf)
+    gn_max = widest(blk)
+    for i in range(blk.dots.shape[0]):
         lo = blk.pos_off[i]
         n = blk.pos_off[i + 1] - lo
         last = -1
@@ -50,9 +51,8 @@ def update_dedup(blk, held):
             if first[i, t] < n:
                 last = max(last, first[i, t])
         if last >= 0:
-            limits[i] = reach(blk, i, blk.pos_d[lo + last])
-    qi, gj, slot = slotted_negatives(blk, limits)
-    for k in range(qi.shape[0]):
+            limits[i] = reach(blk, i, blk.pos_d[lo + last], gn_max)
+    for k in range(slotted_negatives(blk, limits, qi, gj, slot)):
         i = qi[k]
         n = blk.pos_off[i + 1] - blk.pos_off[i]
         bits = blk.g_bits[gj[k]] & blk.q_bits[i]
@@ -79,7 +79,7 @@ class Dedup(Statistic):
         self.fields = {"held": Field("query", np.int64, (n_trials, length), EMPTY, "own")}
 
     def update(self, blk, rows: slice, state: dict, aux, run) -> None:
-        update_dedup(blk, state["held"])
+        update_dedup(blk, state["held"], *negatives_buffers(blk))
 
     def merge_own(self, key: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return union_capped(a, b)

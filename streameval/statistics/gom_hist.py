@@ -17,7 +17,7 @@ import numpy as np
 from .. import kernels
 from ..kernels import U64, canonical_distance, clip_side, distance_window, normalise, threshold_bin
 from . import Field, Statistic
-from .block import kept_negative, trial_bit
+from .block import kept_bits, kept_negative, row_distances, trial_bit
 
 _jit = nb.njit(nogil=True, cache=True)
 _inline = nb.njit(nogil=True, cache=True, inline="always")
@@ -77,30 +77,50 @@ def _settle_extremes(blk, i, dist, low_out, high_out):
                 high_out[i] = max(high_out[i], canonical_distance(blk.qf, blk.gf, i, j, blk.qa[i], blk.ga[j], blk.metric))
 
 
+LANES = 4  # interleaved sub-histograms: consecutive pairs in one bin would wait on each other's increment
+
+
 @_jit
 def update_hist(blk, c_bins, norm_mode, lo, span, n_bins, t_first, t_stop, hist, clipped, range_low, range_high):
     """hist[i, t, k] += trial-t negatives of query i first returned at tau_k, for trials
     [t_first, t_stop) (those sharing this normalisation); with fixed normalisation (``clipped``
-    has rows) also the clipping diagnostics."""
-    n_rows, n_cols = blk.dist.shape
+    has rows) also the clipping diagnostics.
+
+    A row at a time: its distances and bins in loops that vectorise, the trial bits of its kept
+    negatives, then per trial a count into ``LANES`` sub-histograms added into ``hist``."""
+    n_rows, n_cols = blk.dots.shape
     dist = np.empty(n_cols, dtype=np.float64)
     bins = np.empty(n_cols, dtype=np.int64)
+    kept = np.empty(n_cols, dtype=np.uint64)
+    lanes = np.zeros((LANES, hist.shape[2]), dtype=np.int64)
     sides = clipped.shape[0] > 0
     for i in range(n_rows):
-        dist[:] = blk.dist[i]
+        row_distances(blk, i, dist)
         if c_bins == 0.0:
             for j in range(n_cols):
                 bins[j] = threshold_bin(normalise(dist[j], norm_mode, lo, span), n_bins)
         else:
             _row_bins(blk, i, c_bins, norm_mode, lo, span, n_bins, sides, dist, bins)
-        for j in range(n_cols):
-            negative = np.int64(kept_negative(blk, i, j))
-            bits = blk.g_bits[j] & blk.q_bits[i]
-            for t in range(t_first, t_stop):
-                hist[i, t, bins[j]] += negative * trial_bit(bits, t)
+        kept_bits(blk, i, kept)
+        for t in range(t_first, t_stop):
+            _count_lanes(bins, kept, t, lanes)
+            for k in range(hist.shape[2]):
+                hist[i, t, k] += lanes[0, k] + lanes[1, k] + lanes[2, k] + lanes[3, k]
+            lanes[:] = 0
         if sides and n_cols:
             _count_clipped(blk, i, dist, lo, span, clipped[i])
             _settle_extremes(blk, i, dist, range_low, range_high)
+
+
+@_inline
+def _count_lanes(bins, kept, t, lanes):
+    """lanes[j % LANES, bins[j]] += 1 for the rows j whose ``kept`` bits hold trial t."""
+    m = bins.shape[0] - bins.shape[0] % LANES
+    for j0 in range(0, m, LANES):
+        for k in range(LANES):
+            lanes[k, bins[j0 + k]] += trial_bit(kept[j0 + k], t)
+    for j in range(m, bins.shape[0]):
+        lanes[0, bins[j]] += trial_bit(kept[j], t)
 
 
 class GomHist(Statistic):

@@ -90,6 +90,7 @@ def update_nearest(blk, dist):
 
 class Nearest(Statistic):
     name = "nearest"
+    reads_distances = True
 
     def __init__(self, n_trials: int):
         self.fields = {"dist": Field("query", np.float64, (n_trials,), np.inf, "min")}

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..draws import GAMMA, SGS_DRAW_TAG, hash_words, mix_words
 from . import Field, Statistic
-from .block import before_key, kept_negative, reach, slotted_negatives
+from .block import before_key, mask, negatives_buffers, reach, slotted_negatives, widest, within
 
 _jit = nb.njit(nogil=True, cache=True)
 
@@ -98,35 +98,34 @@ def update_sampled(blk, g_identity, draws, counts):
     identity j's draw for (i, r) when its ordinal among j's kept rows for the query's camera class
     equals H(seed; 1, r, query row, pid) mod n_j(q)."""
     repeats = counts.shape[1]
-    for i in range(blk.dist.shape[0]):
+    hit = mask(blk.dots.shape[1])
+    cols = np.empty(hit.shape[0], dtype=np.int64)
+    gn_max = widest(blk)
+    for i in range(blk.dots.shape[0]):
         if blk.pos_off[i + 1] == blk.pos_off[i]:
             continue
-        limit = reach(blk, i, draws.key_d[i].max())
         c = draws.q_class[i]
-        for j in range(blk.dist.shape[1]):
-            if blk.dist[i, j] > limit:
-                continue
-            if kept_negative(blk, i, j):  # a kept negative is one of its identity's kept rows
-                row = blk.g_start + j
-                lo = draws.class_start[c] + draws.starts[c, g_identity[j]]
-                n = draws.counts[c, g_identity[j]]
-                ordinal = np.searchsorted(draws.rows[lo:lo + n], row)
-                for r in range(repeats):
-                    h = _absorb(_absorb(_absorb(draws.tagged_seed, r), draws.q_index[i]), blk.g_pid[j])
-                    if h % np.uint64(n) == np.uint64(ordinal):
-                        counts[i, r] += before_key(blk, i, j, draws.key_d[i, r], draws.key_g[i, r])
+        for k in range(within(blk, i, reach(blk, i, draws.key_d[i].max(), gn_max), hit, cols)):
+            j = cols[k]  # a kept negative: one of its identity's kept rows
+            lo = draws.class_start[c] + draws.starts[c, g_identity[j]]
+            n = draws.counts[c, g_identity[j]]
+            ordinal = np.searchsorted(draws.rows[lo:lo + n], blk.g_start + j)
+            for r in range(repeats):
+                h = _absorb(_absorb(_absorb(draws.tagged_seed, r), draws.q_index[i]), blk.g_pid[j])
+                if h % np.uint64(n) == np.uint64(ordinal):
+                    counts[i, r] += before_key(blk, i, j, draws.key_d[i, r], draws.key_g[i, r])
 
 
 @_jit
-def update_expected(blk, g_identity, counts):
+def update_expected(blk, g_identity, counts, qi, gj, slot):
     """counts[a + s, j] += kept rows of identity j in slot s (before the query's last positive)."""
-    limits = np.full(blk.dist.shape[0], -np.inf)
-    for i in range(blk.dist.shape[0]):
+    limits = np.full(blk.dots.shape[0], -np.inf)
+    gn_max = widest(blk)
+    for i in range(blk.dots.shape[0]):
         hi = blk.pos_off[i + 1]
         if hi > blk.pos_off[i]:
-            limits[i] = reach(blk, i, blk.pos_d[hi - 1])
-    qi, gj, slot = slotted_negatives(blk, limits)
-    for k in range(qi.shape[0]):
+            limits[i] = reach(blk, i, blk.pos_d[hi - 1], gn_max)
+    for k in range(slotted_negatives(blk, limits, qi, gj, slot)):
         lo = blk.pos_off[qi[k]]
         if slot[k] < blk.pos_off[qi[k] + 1] - lo:  # a kept negative's pid is an identity
             counts[lo + slot[k], g_identity[gj[k]]] += 1
@@ -172,7 +171,7 @@ class SgsExpected(Statistic):
         self.fields = {"counts": Field("positive", np.int64, (n_identities,))}
 
     def update(self, blk, rows: slice, state: dict, aux, run) -> None:
-        update_expected(blk, run.meta.identities.identity_index(blk.g_pid), state["counts"])
+        update_expected(blk, run.meta.identities.identity_index(blk.g_pid), state["counts"], *negatives_buffers(blk))
 
 
 @_jit

@@ -14,21 +14,21 @@ import numba as nb
 import numpy as np
 
 from . import Field, Statistic
-from .block import reach, slotted_negatives, trial_bit
+from .block import negatives_buffers, reach, slotted_negatives, trial_bit, widest
 
 _jit = nb.njit(nogil=True, cache=True)
 
 
 @_jit
-def update_slots(blk, counts):
+def update_slots(blk, counts, qi, gj, slot):
     n_trials = counts.shape[1]
-    limits = np.full(blk.dist.shape[0], -np.inf)
-    for i in range(blk.dist.shape[0]):
+    limits = np.full(blk.dots.shape[0], -np.inf)
+    gn_max = widest(blk)
+    for i in range(blk.dots.shape[0]):
         hi = blk.pos_off[i + 1]
         if hi > blk.pos_off[i]:  # rows past the last positive change no rank
-            limits[i] = reach(blk, i, blk.pos_d[hi - 1])
-    qi, gj, slot = slotted_negatives(blk, limits)
-    for k in range(qi.shape[0]):
+            limits[i] = reach(blk, i, blk.pos_d[hi - 1], gn_max)
+    for k in range(slotted_negatives(blk, limits, qi, gj, slot)):
         i = qi[k]
         lo = blk.pos_off[i]
         if slot[k] < blk.pos_off[i + 1] - lo:
@@ -44,7 +44,7 @@ class Slots(Statistic):
         self.fields = {"counts": Field("positive", np.int64, (n_trials,))}
 
     def update(self, blk, rows: slice, state: dict, aux, run) -> None:
-        update_slots(blk, state["counts"])
+        update_slots(blk, state["counts"], *negatives_buffers(blk))
 
 
 def restrict(positives, counts: np.ndarray, t: int):

@@ -96,7 +96,7 @@ def _is_positive(blk, i, j, w):
 def _excluded(blk, i, j):
     """Whether the protocol excludes row j for query i (junk pid, x_any, same pid but not a
     positive: x_same and the query's own copy)."""
-    out = (blk.g_junk[j] != 0) | (blk.any_table[blk.q_cix[i], blk.g_cix[j]] != 0)
+    out = blk.g_dropped[blk.q_cix[i], j] != 0
     if (not out) & (blk.g_pid[j] == blk.q_pid[i]):
         out = not _is_positive(blk, i, j, _window(blk, i, j))
     return out
@@ -194,6 +194,7 @@ class TopK(Statistic):
     fewer than k excluded rows (a gallery without junk) would test every row of every block."""
 
     name = "topk"
+    reads_distances = True
 
     def __init__(self, k: int, trial: int, with_junk: bool):
         self.k, self.trial = k, trial

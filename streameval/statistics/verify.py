@@ -50,7 +50,7 @@ import numpy as np
 
 from .. import kernels
 from . import Field, Statistic
-from .block import kept_negative, trial_bit
+from .block import compact, kept_negative, mask, trial_bit
 
 _jit = nb.njit(nogil=True, cache=True)
 _inline = nb.njit(nogil=True, cache=True, inline="always")
@@ -383,8 +383,7 @@ def _trial_columns(blk, t, out):
     and another pid (not junk, the camera pair allowed, j in the trial)."""
     for x in range(out.shape[0]):
         for j in range(out.shape[1]):
-            out[x, j] = ((blk.g_junk[j] == 0) & (blk.any_table[x, blk.g_cix[j]] == 0)
-                         & (trial_bit(blk.g_bits[j], t) != 0))
+            out[x, j] = (blk.g_dropped[x, j] == 0) & (trial_bit(blk.g_bits[j], t) != 0)
 
 
 @_inline
@@ -424,14 +423,7 @@ def _near_columns(blk, i, negative, limit, hit, near):
     row = blk.dist[i]
     for j in range(row.shape[0]):
         hit[j] = negative[j] & (row[j] < limit)
-    words = hit.view(np.uint64)
-    found = 0
-    for w in range(words.shape[0]):
-        if words[w] != 0:
-            for j in range(8 * w, 8 * w + 8):
-                near[found] = j
-                found += hit[j]
-    return found
+    return compact(hit, near)
 
 
 @_jit
@@ -532,9 +524,9 @@ def update_verify_fast(blk, qrows, shift, hist, tails, core, bands, count):
     n_rows, n = blk.dist.shape
     gn_max = blk.gn.max() if n else 0.0
     qn_max = blk.qn.max() if n_rows else 0.0
-    columns = np.empty((blk.any_table.shape[0], n), np.uint8)
+    columns = np.empty((blk.g_dropped.shape[0], n), np.uint8)
     negative = np.empty(n, np.uint8)
-    hit = np.zeros(n + (-n) % 8, np.uint8)
+    hit = mask(n)
     near = np.empty(hit.shape[0], np.int64)
     sub = np.zeros((LANES if hist.shape[1] <= LANE_BINS else 1, hist.shape[1] if count else 1), np.int64)
     no_tail = np.zeros((1, ENTRY))
@@ -656,6 +648,7 @@ class Verify(Statistic):
     bands riding the first pass (``bands.Bands.first``) neither: that pass counts it."""
 
     name = "verify"
+    reads_distances = True
 
     def __init__(self, n_trials: int, bits: int, core: int, auc: bool, exact_bins: bool, bands=None,
                  count: bool = True):
@@ -797,6 +790,7 @@ class Refine(Statistic):
     more key bits, or (``capacity`` > 0) the members themselves, ``capacity`` per job at most."""
 
     name = "refine"
+    reads_distances = True
 
     def __init__(self, trials, lows, highs, shifts, sub_bits: int, capacity: int):
         self.jobs = (np.asarray(trials, np.int64), np.asarray(lows, np.float64), np.asarray(highs, np.float64),

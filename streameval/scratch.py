@@ -1,0 +1,30 @@
+"""Per-thread buffers reused across tasks.
+
+A fresh array of a few MiB costs a page fault per 4 KiB page the first time it is written: for a
+block of dot products, or a statistic's list of the pairs it found, about as much as the GEMM itself
+at small D.  Tasks therefore take their block-sized working arrays from here; each worker thread
+keeps one buffer per purpose, grown when a larger one is asked for.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+_buffers: dict[tuple, np.ndarray] = {}  # (thread id, purpose) -> reusable buffer
+
+
+def buffer(purpose: str, dtype, shape: tuple) -> np.ndarray:
+    """This thread's buffer for ``purpose``, viewed as ``shape`` (contents undefined)."""
+    size = int(np.prod(shape))
+    key = (threading.get_ident(), purpose)
+    found = _buffers.get(key)
+    if found is None or found.dtype != dtype or found.size < size:
+        found = _buffers[key] = np.empty(size, dtype=dtype)
+    return found[:size].reshape(shape)
+
+
+def release() -> None:
+    """Drop every buffer (the threaded scheduler's threads outlive an evaluation)."""
+    _buffers.clear()
