@@ -14,6 +14,7 @@ import csv
 import json
 import sys
 import tempfile
+import zipfile
 
 import h5py
 import numpy as np
@@ -187,6 +188,39 @@ def test_npy_folder_and_npy_files(tmp_path, arrays, expected):
     out.rename(tmp_path / "first.zarr")
     out, _ = convert(tmp_path, *files)
     assert comparable(out) == expected
+
+
+def write_npz_members(path, members: dict, version) -> None:
+    """An .npz as numpy.savez lays it out, each member written in .npy format ``version``."""
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, value in members.items():
+            with zf.open(f"{name}.npy", "w") as fh:
+                np.lib.format.write_array(fh, np.asanyarray(value), version=version, allow_pickle=False)
+
+
+@pytest.mark.parametrize("version", [(1, 0), (2, 0), (3, 0)])
+def test_npz_members_in_every_npy_format_version(tmp_path, arrays, expected, version):
+    """Version 3.0 (a UTF-8 header) is read through numpy's public API, as 1.0 and 2.0 are."""
+    write_npz_members(tmp_path / "feats.npz", {SHORT[k]: v for k, v in arrays.items()}, version)
+    out, _ = convert(tmp_path, tmp_path / "feats.npz")
+    assert comparable(out) == expected
+    result = cli("eval", tmp_path / "feats.npz", "--json", "-", "--per-query", "-q", "--max-rank", "10")
+    got = json.loads(result.stdout)
+    got.pop("run")
+    assert got == as_json(expected["numbers"])
+
+
+def test_a_damaged_npy_3_0_header_is_one_line(tmp_path, arrays):
+    write_npz_members(tmp_path / "feats.npz", {SHORT[k]: v for k, v in arrays.items()}, (3, 0))
+    with zipfile.ZipFile(tmp_path / "feats.npz") as zf:
+        members = {info.filename: zf.read(info) for info in zf.infolist()}
+    members["qf.npy"] = members["qf.npy"].replace(b"'shape'", b"'shapes'")
+    with zipfile.ZipFile(tmp_path / "bad.npz", "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    line = one_error_line(cli("convert", tmp_path / "bad.npz", tmp_path / "out.zarr", code=3))
+    assert "cannot read 'qf' from" in line and "descr, fortran_order and shape" in line
+    assert not (tmp_path / "out.zarr").exists()
 
 
 def test_torch_dict_of_tensors_arrays_and_lists(tmp_path, arrays, expected):
