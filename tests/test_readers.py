@@ -223,6 +223,20 @@ def test_a_damaged_npy_3_0_header_is_one_line(tmp_path, arrays):
     assert not (tmp_path / "out.zarr").exists()
 
 
+def test_whole_float_ids_in_an_npz_read_as_integers_as_from_a_mat_file(tmp_path, arrays, expected):
+    floats = {SHORT[k]: v.astype(np.float64) if "features" not in k else v for k, v in arrays.items()}
+    np.savez(tmp_path / "feats.npz", **floats)
+    out, _ = convert(tmp_path, tmp_path / "feats.npz")
+    assert comparable(out) == expected
+    for where, fraction in ((5, 12.5), (7, np.nan)):
+        floats["g_pids"] = arrays["gallery_pids"].astype(np.float32)
+        floats["g_pids"][where] = fraction
+        np.savez(tmp_path / "fraction.npz", **floats)
+        line = one_error_line(cli("convert", tmp_path / "fraction.npz", tmp_path / "bad.zarr", code=3))
+        assert line.endswith(f"'g_pids' row {where} holds {fraction}, not an integer id"), line
+        assert not (tmp_path / "bad.zarr").exists()
+
+
 def test_torch_dict_of_tensors_arrays_and_lists(tmp_path, arrays, expected):
     torch = pytest.importorskip("torch")
     content = {"qf": torch.from_numpy(arrays["query_features"]), "gf": torch.from_numpy(arrays["gallery_features"]),
