@@ -85,6 +85,11 @@ class Settings:
         if isinstance(protocol, Mapping):  # a resolved record, as results and states hold it
             protocol = Protocol.from_record(protocol)
         resolved = resolve(protocol, **{k: v for k, v in overrides.items() if v is not None})
+        if store is not None and not store.cameras and resolved.camera_fields:
+            from .io import NO_CAMERAS_HINT
+
+            raise OptionError(f"'{store.path}' has no camera ids (its input had none), but protocol '{resolved.name}' "
+                              f"uses them ({', '.join(resolved.camera_fields)}): {NO_CAMERAS_HINT}")
         if stored:
             _check_stored_protocol(store, resolved)
         gom = None if no_gom else GomOptions.parse(gom_norm, gom_bins, gom_b, gom_vp)

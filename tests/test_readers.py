@@ -237,6 +237,32 @@ def test_whole_float_ids_in_an_npz_read_as_integers_as_from_a_mat_file(tmp_path,
         assert not (tmp_path / "bad.zarr").exists()
 
 
+def test_an_npz_without_camera_ids_evaluates_under_protocol_none_only(tmp_path, arrays):
+    """No camera rule: the numbers are those of the same rows with their cameras, under 'none'."""
+    np.savez(tmp_path / "feats.npz", **{SHORT[k]: v for k, v in arrays.items() if not k.endswith("camids")})
+    out, stderr = convert(tmp_path, tmp_path / "feats.npz")
+    assert "no camera ids: every row is camera 0 (evaluate it with --protocol none" in stderr
+    assert not open_store(out).cameras and not open_store(out).query.camids[:].any()
+    with_cameras = streameval.evaluate(dict(arrays), protocol="none", max_rank=10).to_dict(per_query=True)
+    with_cameras.pop("run")
+    for target in (out, tmp_path / "feats.npz"):
+        result = cli("eval", target, "--protocol", "none", "--json", "-", "--per-query", "-q", "--max-rank", "10")
+        got = json.loads(result.stdout)
+        got.pop("run")
+        assert got == as_json(with_cameras)
+    for protocol, uses in (("market", "x_same"), ("sysu-all", "x_same, x_any, query_cameras, gallery_cameras, trials")):
+        line = one_error_line(cli("eval", out, "--protocol", protocol, "-q", code=2))
+        assert f"has no camera ids (its input had none), but protocol '{protocol}' uses them ({uses})" in line, line
+        assert line.endswith("evaluate it with --protocol none, which applies no camera rule")
+
+
+def test_camera_ids_of_one_set_only_are_refused_as_missing(tmp_path, arrays):
+    np.savez(tmp_path / "feats.npz", **{SHORT[k]: v for k, v in arrays.items() if k != "gallery_camids"})
+    line = one_error_line(cli("convert", tmp_path / "feats.npz", tmp_path / "out.zarr", code=3))
+    assert "input arrays lack 'gallery_camids' (or its short name 'g_camids')" in line
+    assert not (tmp_path / "out.zarr").exists()
+
+
 def test_torch_dict_of_tensors_arrays_and_lists(tmp_path, arrays, expected):
     torch = pytest.importorskip("torch")
     content = {"qf": torch.from_numpy(arrays["query_features"]), "gf": torch.from_numpy(arrays["gallery_features"]),
