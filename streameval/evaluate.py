@@ -487,7 +487,8 @@ def _both_directions(store: Store, settings: Settings, execution: Execution, pha
         results[direction] = make_result(swapped, one, query_state, runner, read,
                                          len(swapped.query) * query_state.gallery_rows, meta, verification=verified)
     first = results[settings.protocol.directions[0]]
-    first.directions = {name: result.to_dict() for name, result in results.items()}
+    # each direction's per-query arrays too (the JSON shows them with --per-query, as the top level's)
+    first.directions = {name: result.to_dict(per_query=True) for name, result in results.items()}
     return first
 
 
