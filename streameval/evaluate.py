@@ -203,8 +203,9 @@ class Execution:
         if unknown:
             raise TypeError(f"{caller}() got unexpected keyword argument(s): {', '.join(unknown)}")
         o = {**EXECUTION_DEFAULTS, **options}
+        memory_limit = None if o["memory_limit"] is None else parse_bytes(o["memory_limit"])  # Dask gets bytes
         cluster = ClusterOptions(o["scheduler"], o["scheduler_file"], o["cluster"], o["n_workers"],
-                                 o["threads_per_worker"], o["memory_limit"], o["connect_timeout"])
+                                 o["threads_per_worker"], memory_limit, o["connect_timeout"])
         return cls(o["query_block"], o["gallery_chunk"], o["memory_budget"], o["workers"], cluster, o["progress"])
 
 
@@ -343,8 +344,8 @@ def evaluate(
 
     The other keywords (``EXECUTION_DEFAULTS``) never change a number.  Chunks: ``query_block``
     queries x ``gallery_chunk`` gallery rows per task, by default planned from ``memory_budget``
-    (bytes or e.g. "1GiB").  Where it runs: ``scheduler`` (tcp://host:port), ``scheduler_file`` or
-    ``cluster="local"`` (with ``n_workers``, ``threads_per_worker``, ``memory_limit`` as for
+    (bytes, or a size such as "1GiB" = 2^30 or "4GB" = 4 * 10^9: every size option reads units so).  Where it runs: ``scheduler`` (tcp://host:port), ``scheduler_file`` or
+    ``cluster="local"`` (with ``n_workers``, ``threads_per_worker``, ``memory_limit``, a size, as for
     LocalCluster) run it on a Dask cluster (checked first, giving up after ``connect_timeout``
     seconds); otherwise an active ``dask.distributed`` Client is used, or else Dask's threaded
     scheduler with ``workers`` threads (default: all cores).  BLAS runs one thread per task.
