@@ -331,7 +331,9 @@ def evaluate(
     ``data`` is a store path or fsspec URL (with ``storage_options``), an opened
     :class:`~streameval.store.Store`, or a mapping of in-memory arrays (``query_features,
     query_pids, query_camids, gallery_features, gallery_pids, gallery_camids``, or the short names
-    ``qf, q_pids, q_camids, gf, g_pids, g_camids``).
+    ``qf, q_pids, q_camids, gf, g_pids, g_camids``); instead of the features, a query x gallery
+    matrix: ``distances`` (smaller is closer) or ``similarity`` (larger is closer), with
+    ``query_distances`` (query x query, same kind) for protocols that need it, as a distance store.
 
     ``protocol``: a preset name (``streameval protocols`` lists them), a .toml / .json protocol
     file, or a ``protocols.Protocol``; its fields can be overridden (PROTOCOLS.md section 8):
@@ -567,12 +569,33 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner: Run
     )
 
 
+MATRIX_KINDS = {"distances": "distance", "similarity": "similarity"}  # in-memory matrix key -> distance store kind
+
+
 def _as_store(data, storage_options=None) -> Store:
     if isinstance(data, Store):
         return data
     if isinstance(data, Mapping):
+        if any(key in data for key in MATRIX_KINDS):
+            return _matrix_store(data)
         return write_store(_memory_target(), *(pick_array(data, name) for name in ARRAY_NAMES))
     return open_store(data, storage_options=storage_options)
+
+
+def _matrix_store(arrays: Mapping) -> Store:
+    """An in-memory query x gallery matrix (``distances`` or ``similarity``, larger is closer) with
+    the ids, optionally ``query_distances`` (query x query, of the same kind), as a distance store
+    in memory: evaluated exactly as one written by ``write_distance_store`` or ``convert --distances``."""
+    from .store.distances import write_distance_store
+
+    given = [key for key in MATRIX_KINDS if key in arrays]
+    features = [key for name in ("query_features", "gallery_features") for key in ARRAY_NAMES[name] if key in arrays]
+    if len(given) > 1 or features:
+        raise OptionError(f"input arrays hold {' and '.join(given + features)}: give one query x gallery matrix "
+                          "(distances or similarity) or the features, not both")
+    ids = [pick_array(arrays, name) for name in ARRAY_NAMES if not name.endswith("features")]
+    return write_distance_store(_memory_target(), arrays[given[0]], *ids, kind=MATRIX_KINDS[given[0]],
+                                query_distances=arrays.get("query_distances"))
 
 
 def pick_array(arrays: Mapping, name: str):
