@@ -37,7 +37,7 @@ def parse_bytes(text) -> int:
         return text
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     if not match or match.group(2).lower() not in _UNITS:
-        raise OptionError(f"cannot read a size from {text!r}: give {SIZE_UNITS}, e.g. 512MiB or 4GB")
+        raise OptionError(f"cannot read a memory size from {text!r}: give {SIZE_UNITS}, e.g. 512MiB or 4GB")
     return int(Fraction(match.group(1)) * _UNITS[match.group(2).lower()])
 
 

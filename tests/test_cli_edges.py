@@ -265,4 +265,4 @@ def test_every_size_option_reads_the_same_units(store, monkeypatch):
         line = one_error_line(cli("eval", store, "-q", "--cluster", "local", "--memory-limit", limit, code=4))
         assert "no cluster in this test" in line and seen["memory_limit"] == size
     line = one_error_line(cli("eval", store, "-q", "--cluster", "local", "--memory-limit", "4g", code=2))
-    assert "cannot read a size from '4g'" in line
+    assert "cannot read a memory size from '4g'" in line
