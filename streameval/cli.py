@@ -324,6 +324,8 @@ def _finish(result, label, json_path, per_query, quiet, ranks, summary_format) -
         warning = summary_format != "table" and report.clipping_warning(result.gom)  # the table holds it
         if warning:
             click.echo(f"warning: {warning}", err=True)
+    for warning in result.warnings:  # on stderr too, even with -q: the numbers look normal
+        click.echo(f"warning: {warning}", err=True)
     if failure is not None:
         raise failure
 

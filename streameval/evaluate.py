@@ -566,7 +566,45 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner: Run
         protocol_record=settings.protocol.to_record(), cmc_flavour=settings.protocol.cmc, cmc_first_hit=values["cmc_first_hit"],
         cmc_sgs_expected=None if extras.get("cmc_sgs_expected") is None else list(map(float, extras["cmc_sgs_expected"])),
         trials=block, ranked_lists=ranked_lists, open_set=open_set, verification=verification,
+        warnings=camera_set_warnings(store, settings.protocol, q_cam),
     )
+
+
+def camera_set_warnings(store: Store, protocol, q_cam: np.ndarray) -> list[str]:
+    """A warning for each side whose protocol camera set (query_cameras, gallery_cameras) keeps
+    under half of its rows: most likely the store counts cameras otherwise than the protocol (SYSU's
+    cameras are 1-6; 0-based ids drop most queries), and the numbers over the few rows kept look
+    normal.  The gallery's camera ids are read a chunk at a time, only when it has a camera set."""
+    from .store import read_field
+
+    def gallery_chunks():
+        fs = store.gallery
+        for start in range(0, len(fs), fs.chunk_rows):
+            yield np.asarray(read_field(fs, "camids", slice(start, min(start + fs.chunk_rows, len(fs)))))
+
+    warnings = []
+    for what, allowed, chunks in (("queries", protocol.query_cameras, lambda: iter([q_cam])),
+                                  ("gallery rows", protocol.gallery_cameras, gallery_chunks)):
+        if allowed is None:
+            continue
+        kept, shifted, total, held = 0, 0, 0, np.zeros(0, dtype=np.int64)
+        for cams in chunks():
+            kept, total = kept + int(np.isin(cams, allowed).sum()), total + cams.shape[0]
+            shifted += int(np.isin(cams + 1, allowed).sum())  # as if the store counted cameras from 0
+            held = np.union1d(held, cams)
+        if 2 * kept < total:
+            warnings.append(_camera_set_warning(protocol.name, what, (kept, shifted, total), allowed, held))
+    return warnings
+
+
+def _camera_set_warning(name: str, what: str, counts: tuple, allowed: tuple, held: np.ndarray) -> str:
+    kept, shifted, total = counts
+    shown = ", ".join(str(c) for c in held[:12]) + (f", ... ({held.shape[0]:,} cameras)" if held.shape[0] > 12 else "")
+    field = "query_cameras" if what == "queries" else "gallery_cameras"
+    hint = (f"; counted from 1, the store's camera ids would keep {shifted:,} (are they 0-based?)"
+            if 2 * shifted >= total else "")
+    return (f"protocol '{name}' keeps {kept:,} of {total:,} {what}: its {field} are "
+            f"{', '.join(str(c) for c in allowed)}, but the store's {what} have cameras {shown}{hint}")
 
 
 MATRIX_KINDS = {"distances": "distance", "similarity": "similarity"}  # in-memory matrix key -> distance store kind

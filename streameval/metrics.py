@@ -52,6 +52,7 @@ class Result:
     ranked_lists: object = None  # ranked.RankedLists with ranked_list=K: records, worst and best queries
     open_set: dict | None = None  # with open_set=True: DIR@FPIR (PROTOCOLS.md section 3.5, openset.py)
     verification: dict | None = None  # with verification=True: TAR@FAR, AUC, ROC (PROTOCOLS.md 3.5, verification.py)
+    warnings: list = field(default_factory=list)  # what the numbers may hide, e.g. a protocol keeping few queries
 
     def rank(self, k: int) -> float | None:
         """CMC@k for an integer 1 <= k <= max_rank; None when no query has a positive (Q+ empty)."""
@@ -124,6 +125,8 @@ class Result:
             out["open_set"] = self.open_set
         if self.verification is not None:
             out["verification"] = self.verification
+        if self.warnings:
+            out["warnings"] = list(self.warnings)
         return out
 
 
