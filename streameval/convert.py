@@ -194,7 +194,7 @@ def _members(source, found: dict, given: dict, cameras: bool = True) -> dict:
     for set_name, ids in given.items():
         members[f"{set_name}_pids"], members[f"{set_name}_camids"] = ids.pids, ids.camids
     if not cameras:
-        for set_name in SETS:
+        for set_name in (name for name in SETS if f"{name}_pids" in members):  # append: the gallery only
             rows = members[f"{set_name}_pids"].shape[-1]
             members[f"{set_name}_camids"] = MemoryArray("no camids", np.broadcast_to(np.int64(0), (rows,)))
     return members
@@ -313,8 +313,15 @@ def append_npz(input_npz, store_target, paths=None, keys=None) -> Store:
 
     store = appendable(store_target)
     with open_source(input_npz) as source:
-        found = match(source, ["gallery_features", *_id_names({}, sets=("gallery",))], parse_keys(keys))
-        members = _members(source, found, {})
+        if store.cameras:
+            found = match(source, ["gallery_features", *_id_names({}, sets=("gallery",))], parse_keys(keys))
+        else:  # converted from an input without camera ids: its new rows come without them too
+            found = match(source, ["gallery_features", "gallery_pids"], parse_keys(keys), optional=["gallery_camids"])
+            if "gallery_camids" in found:
+                raise StoreError(f"'{store.path}' has no camera ids (its input had none): the camera ids "
+                                 f"'{found['gallery_camids'].name}' of '{source.path}' cannot be appended to it; "
+                                 "convert the whole gallery again with them")
+        members = _members(source, found, {}, store.cameras)
         dim = _check_headers(members, source.path, sets=("gallery",))
         if dim != store.dim:
             raise StoreError(f"'{source.path}': gallery features have dimension {dim} but the store's have {store.dim}")

@@ -256,6 +256,24 @@ def test_an_npz_without_camera_ids_evaluates_under_protocol_none_only(tmp_path, 
         assert line.endswith("evaluate it with --protocol none, which applies no camera rule")
 
 
+def test_a_store_without_camera_ids_takes_appended_rows_without_them(tmp_path, arrays):
+    first, more = slice(0, 100), slice(100, None)
+    short = {SHORT[k]: v for k, v in arrays.items() if not k.endswith("camids")}
+    np.savez(tmp_path / "feats.npz", **{**short, "gf": short["gf"][first], "g_pids": short["g_pids"][first]})
+    np.savez(tmp_path / "more.npz", gf=short["gf"][more], g_pids=short["g_pids"][more])
+    np.savez(tmp_path / "cams.npz", gf=short["gf"][more], g_pids=short["g_pids"][more],
+             g_camids=arrays["gallery_camids"][more])
+    out, _ = convert(tmp_path, tmp_path / "feats.npz")
+    line = one_error_line(cli("append", out, tmp_path / "cams.npz", code=3))
+    assert "has no camera ids (its input had none): the camera ids 'g_camids'" in line
+    cli("append", out, tmp_path / "more.npz")
+    store = open_store(out)
+    assert not store.cameras and len(store.gallery) == NG and not store.gallery.camids[:].any()
+    got = streameval.evaluate(out, protocol="none", max_rank=10).to_dict(per_query=True)
+    want = streameval.evaluate(dict(arrays), protocol="none", max_rank=10).to_dict(per_query=True)
+    assert {k: v for k, v in got.items() if k != "run"} == {k: v for k, v in want.items() if k != "run"}
+
+
 def test_camera_ids_of_one_set_only_are_refused_as_missing(tmp_path, arrays):
     np.savez(tmp_path / "feats.npz", **{SHORT[k]: v for k, v in arrays.items() if k != "gallery_camids"})
     line = one_error_line(cli("convert", tmp_path / "feats.npz", tmp_path / "out.zarr", code=3))
