@@ -346,11 +346,12 @@ def evaluate(
 
     The other keywords (``EXECUTION_DEFAULTS``) never change a number.  Chunks: ``query_block``
     queries x ``gallery_chunk`` gallery rows per task, by default planned from ``memory_budget``
-    (bytes, or a size such as "1GiB" = 2^30 or "4GB" = 4 * 10^9: every size option reads units so).  Where it runs: ``scheduler`` (tcp://host:port), ``scheduler_file`` or
-    ``cluster="local"`` (with ``n_workers``, ``threads_per_worker``, ``memory_limit``, a size, as for
-    LocalCluster) run it on a Dask cluster (checked first, giving up after ``connect_timeout``
-    seconds); otherwise an active ``dask.distributed`` Client is used, or else Dask's threaded
-    scheduler with ``workers`` threads (default: all cores).  BLAS runs one thread per task.
+    (bytes, or a size such as "1GiB" = 2^30 or "4GB" = 4 * 10^9: every size option reads units so).
+    Where it runs: ``scheduler`` (tcp://host:port), ``scheduler_file`` or ``cluster="local"`` (with
+    ``n_workers``, ``threads_per_worker``, ``memory_limit``, a size, as for LocalCluster) run it on
+    a Dask cluster (checked first, giving up after ``connect_timeout`` seconds); otherwise an
+    active ``dask.distributed`` Client is used, or else Dask's threaded scheduler with ``workers``
+    threads (default: all cores).  BLAS runs one thread per task.
     ``progress`` draws the run's progress on stderr (or on the text stream given): percent of the
     work, the pass under way, elapsed time and ETA.  ``result.run["phases"]`` splits the elapsed time.
 
