@@ -19,7 +19,7 @@ import click
 from . import outputs
 from .choices import MAX_RANK_LIMIT, METRICS, PRECISIONS, SUMMARY_FORMATS
 from .errors import StreamevalError
-from .plan import parse_bytes
+from .plan import SIZE_UNITS, parse_bytes
 from .suite.plan import PRESETS as SUITE_PRESETS
 
 EXIT_INTERRUPTED = 130  # the shell's convention for Ctrl-C
@@ -205,8 +205,8 @@ _execution_options = _options(
                  help="Queries per task. Default: all queries if the memory budget allows (gallery read once)."),
     click.option("--gallery-chunk", type=click.IntRange(min=1), default=None,
                  help="Gallery rows per task. Default: from --memory-budget, aligned to store chunks."),
-    click.option("--memory-budget", default="1GiB", show_default=True, callback=_bytes,
-                 help="Working memory the chunk sizes are planned for."),
+    click.option("--memory-budget", default="1GiB", show_default=True, callback=_bytes, metavar="SIZE",
+                 help=f"Working memory the chunk sizes are planned for. SIZE: {SIZE_UNITS}."),
     click.option("--workers", type=click.IntRange(min=1), default=None,
                  help="Tasks run at once (threads of the default scheduler). Default: all cores / all cluster threads."),
     click.option("--scheduler", default=None, metavar="ADDRESS",
@@ -218,7 +218,8 @@ _execution_options = _options(
     click.option("--n-workers", type=click.IntRange(min=1), default=None, help="LocalCluster worker processes."),
     click.option("--threads-per-worker", type=click.IntRange(min=1), default=None,
                  help="LocalCluster threads per worker."),
-    click.option("--memory-limit", default=None, help="LocalCluster memory limit per worker (e.g. 4GiB)."),
+    click.option("--memory-limit", default=None, callback=_bytes, metavar="SIZE",
+                 help="LocalCluster memory limit per worker, a SIZE as --memory-budget's (e.g. 4GiB, 4GB)."),
     click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=15.0, show_default=True,
                  help="Seconds to wait for a cluster's scheduler and first worker."),
     click.option("-S", "--storage-option", "storage_options", multiple=True, callback=_key_values,
@@ -287,8 +288,8 @@ _verification_options = _options(  # update: None = as in the state
     click.option("--auc", is_flag=True, default=None,
                  help="--verification: also the AUC (ties count half); costly with float32 GEMMs, see the docs."),
     click.option("--tail-budget", default=None, callback=_bytes, metavar="SIZE",
-                 help="--verification: memory for the tail of smallest negative distances (default 64MiB); a "
-                      "larger need takes an exact refinement pass more."),
+                 help="--verification: memory for the tail of smallest negative distances (default 64MiB; a SIZE "
+                      "as --memory-budget's); a larger need takes an exact refinement pass more."),
     click.option("--hist-bits", type=click.IntRange(4, 24), default=None,
                  help="--verification: histogram (ROC/DET) resolution, in bits of the distance's float64 key "
                       "(default 16: 16 bins per octave)."),
@@ -323,6 +324,8 @@ def _finish(result, label, json_path, per_query, quiet, ranks, summary_format) -
         warning = summary_format != "table" and report.clipping_warning(result.gom)  # the table holds it
         if warning:
             click.echo(f"warning: {warning}", err=True)
+    for warning in result.warnings:  # on stderr too, even with -q: the numbers look normal
+        click.echo(f"warning: {warning}", err=True)
     if failure is not None:
         raise failure
 

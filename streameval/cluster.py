@@ -37,7 +37,7 @@ class ClusterOptions:
     cluster: str | None = None
     n_workers: int | None = None
     threads_per_worker: int | None = None
-    memory_limit: str | None = None
+    memory_limit: int | None = None  # bytes per worker (plan.parse_bytes reads the option)
     connect_timeout: float = CONNECT_TIMEOUT_S
 
     def __post_init__(self):

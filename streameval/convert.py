@@ -42,7 +42,7 @@ class GivenIds:
 
     label: str
     pids: object  # arrays in the ``streameval.io`` interface
-    camids: object
+    camids: object  # None: a store without camera ids
     paths: list | None
 
 
@@ -101,12 +101,13 @@ def convert(
     given = _given_ids(query_ids, gallery_ids, ids_from)
     with open_source(paths) as source:
         if matrix is not None:
-            store, found = _convert_matrix(source, out, matrix, keys, given, chunk_rows, overwrite)
+            store, found, cameras = _convert_matrix(source, out, matrix, keys, given, chunk_rows, overwrite)
         else:
-            store, found = _convert_features(source, out, keys, given, dtype, chunk_rows, default_metric, overwrite,
-                                             variants)
+            store, found, cameras = _convert_features(source, out, keys, given, dtype, chunk_rows, default_metric,
+                                                      overwrite, variants)
     if report is not None:
-        report(Matching.of(source, found, {name: (ids.label, ids.paths is not None) for name, ids in given.items()}))
+        report(Matching.of(source, found, {name: (ids.label, ids.paths is not None) for name, ids in given.items()},
+                           cameras))
     return store
 
 
@@ -155,20 +156,47 @@ def _store_ids(target) -> dict:
     for fs in (store.query, store.gallery):
         pids, camids = read_ids(fs)
         given[fs.name] = GivenIds(os.path.basename(os.fspath(target)), MemoryArray(f"{fs.name} pids", pids),
-                                  MemoryArray(f"{fs.name} camids", camids), read_paths(store, fs.name, slice(None)))
+                                  MemoryArray(f"{fs.name} camids", camids) if store.cameras else None,
+                                  read_paths(store, fs.name, slice(None)))
     return given
 
 
-def _id_names(given: dict, sets=SETS) -> list:
+def _id_names(given: dict, sets=SETS, field_names=("pids", "camids")) -> list:
     """The long names of the ids the input must hold (those of ``sets`` not given otherwise)."""
-    return [f"{s}_{field}" for s in sets if s not in given for field in ("pids", "camids")]
+    return [f"{s}_{field}" for s in sets if s not in given for field in field_names]
 
 
-def _members(source, found: dict, given: dict) -> dict:
-    """{long name: array}: the input's arrays (ids as ``source.ids`` reads them) and the given ids."""
+def _match_ids(source, wanted: list, keys: dict, given: dict, optional=(), **matching) -> tuple[dict, bool]:
+    """``match`` of ``wanted`` arrays and the ids; returns (found, cameras).  An input without any
+    camera ids (nor given ones) is converted with every row camera 0 and the store marked as having
+    no cameras, so that only protocols without camera rules evaluate it; camera ids of some sets
+    only are missing ones, refused as usual."""
+    given_cameras = [ids.camids is not None for ids in given.values()]
+    try:
+        return match(source, [*wanted, *_id_names(given)], keys, optional=optional, **matching), all(given_cameras)
+    except StoreError as missing:
+        try:
+            found = match(source, [*wanted, *_id_names(given, field_names=("pids",))], keys,
+                          optional=[*optional, *_id_names(given, field_names=("camids",))], **matching)
+        except StoreError:
+            raise missing from None
+        if any(given_cameras) or any(long.endswith("camids") for long in found):
+            raise missing from None
+        return found, False
+
+
+def _members(source, found: dict, given: dict, cameras: bool = True) -> dict:
+    """{long name: array}: the input's arrays (ids as ``source.ids`` reads them) and the given ids;
+    without ``cameras``, camera 0 for every row (a zero-strided view: no memory per row)."""
+    from .io.arrays import MemoryArray
+
     members = {long: source.ids(array) if long.endswith(("pids", "camids")) else array for long, array in found.items()}
     for set_name, ids in given.items():
         members[f"{set_name}_pids"], members[f"{set_name}_camids"] = ids.pids, ids.camids
+    if not cameras:
+        for set_name in (name for name in SETS if f"{name}_pids" in members):  # append: the gallery only
+            rows = members[f"{set_name}_pids"].shape[-1]
+            members[f"{set_name}_camids"] = MemoryArray("no camids", np.broadcast_to(np.int64(0), (rows,)))
     return members
 
 
@@ -185,8 +213,8 @@ def _variant_specs(query_variants, gallery_variants) -> list:
 
 
 def _convert_features(source, out, keys, given, dtype, chunk_rows, default_metric, overwrite, variant_specs=()):
-    found = match(source, ["query_features", "gallery_features", *_id_names(given)], keys)
-    members = _members(source, found, given)
+    found, cameras = _match_ids(source, ["query_features", "gallery_features"], keys, given)
+    members = _members(source, found, given, cameras)
     dim = _check_headers(members, source.path)
     if dtype is None:
         half = all(members[f"{s}_features"].dtype == np.float16 for s in SETS)
@@ -203,7 +231,7 @@ def _convert_features(source, out, keys, given, dtype, chunk_rows, default_metri
             ids = functools.partial(_id_blocks, members, set_name)
             rows.check(members[f"{set_name}_features"].shape[0], dim, dtype, chunk_rows, ids=ids)
         with new_store(out, overwrite):
-            store = create_store(out, n_query, n_gallery, dim, dtype.name, chunk_rows, default_metric)
+            store = create_store(out, n_query, n_gallery, dim, dtype.name, chunk_rows, default_metric, cameras=cameras)
             for fs in (store.query, store.gallery):
                 for start, feats, pids, camids in _batches(members, fs.name, fs.chunk_rows):
                     write_rows(fs, start, feats, pids, camids)
@@ -212,7 +240,7 @@ def _convert_features(source, out, keys, given, dtype, chunk_rows, default_metri
             for (set_name, name, rows), (_, _, path) in zip(variants, variant_specs):
                 store = write_variant_blocks(out, set_name, name, rows.blocks(chunk_rows, dtype),
                                              columns=rows.columns, attrs=file_attrs(path))
-    return store, found
+    return store, found, cameras
 
 
 def _id_blocks(members: dict, set_name: str, step: int):
@@ -285,8 +313,15 @@ def append_npz(input_npz, store_target, paths=None, keys=None) -> Store:
 
     store = appendable(store_target)
     with open_source(input_npz) as source:
-        found = match(source, ["gallery_features", *_id_names({}, sets=("gallery",))], parse_keys(keys))
-        members = _members(source, found, {})
+        if store.cameras:
+            found = match(source, ["gallery_features", *_id_names({}, sets=("gallery",))], parse_keys(keys))
+        else:  # converted from an input without camera ids: its new rows come without them too
+            found = match(source, ["gallery_features", "gallery_pids"], parse_keys(keys), optional=["gallery_camids"])
+            if "gallery_camids" in found:
+                raise StoreError(f"'{store.path}' has no camera ids (its input had none): the camera ids "
+                                 f"'{found['gallery_camids'].name}' of '{source.path}' cannot be appended to it; "
+                                 "convert the whole gallery again with them")
+        members = _members(source, found, {}, store.cameras)
         dim = _check_headers(members, source.path, sets=("gallery",))
         if dim != store.dim:
             raise StoreError(f"'{source.path}': gallery features have dimension {dim} but the store's have {store.dim}")
@@ -304,21 +339,21 @@ def _convert_matrix(source, out, kind, keys, given, chunk_rows, overwrite):
     from .store.distances import write_distance_store
 
     conventions = {**CONVENTIONS, **MATRIX_CONVENTIONS[kind]}
-    found = match(source, ["distances", *_id_names(given)], keys, optional=["query_distances"],
-                  conventions=conventions, ids_elsewhere=True)
-    members = _members(source, found, given)
+    found, cameras = _match_ids(source, ["distances"], keys, given, optional=["query_distances"],
+                                conventions=conventions, ids_elsewhere=True)
+    members = _members(source, found, given, cameras)
     ids = [members[f"{s}_{field}"].whole() for s in SETS for field in ("pids", "camids")]
     query_distances = members.get("query_distances")
     store = write_distance_store(out, members["distances"].matrix(), *ids, kind=kind, chunk_rows=chunk_rows,
                                  query_distances=None if query_distances is None else query_distances.matrix(),
-                                 overwrite=overwrite)
+                                 overwrite=overwrite, cameras=cameras)
     try:
         _write_paths(out, given)
     except BaseException:
         if is_local_path(out):
             shutil.rmtree(out, ignore_errors=True)
         raise
-    return store, found
+    return store, found, cameras
 
 
 # ------------------------------------------------------------------------------------------ eval

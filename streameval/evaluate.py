@@ -85,6 +85,11 @@ class Settings:
         if isinstance(protocol, Mapping):  # a resolved record, as results and states hold it
             protocol = Protocol.from_record(protocol)
         resolved = resolve(protocol, **{k: v for k, v in overrides.items() if v is not None})
+        if store is not None and not store.cameras and resolved.camera_fields:
+            from .io import NO_CAMERAS_HINT
+
+            raise OptionError(f"'{store.path}' has no camera ids (its input had none), but protocol '{resolved.name}' "
+                              f"uses them ({', '.join(resolved.camera_fields)}): {NO_CAMERAS_HINT}")
         if stored:
             _check_stored_protocol(store, resolved)
         gom = None if no_gom else GomOptions.parse(gom_norm, gom_bins, gom_b, gom_vp)
@@ -198,8 +203,9 @@ class Execution:
         if unknown:
             raise TypeError(f"{caller}() got unexpected keyword argument(s): {', '.join(unknown)}")
         o = {**EXECUTION_DEFAULTS, **options}
+        memory_limit = None if o["memory_limit"] is None else parse_bytes(o["memory_limit"])  # Dask gets bytes
         cluster = ClusterOptions(o["scheduler"], o["scheduler_file"], o["cluster"], o["n_workers"],
-                                 o["threads_per_worker"], o["memory_limit"], o["connect_timeout"])
+                                 o["threads_per_worker"], memory_limit, o["connect_timeout"])
         return cls(o["query_block"], o["gallery_chunk"], o["memory_budget"], o["workers"], cluster, o["progress"])
 
 
@@ -325,7 +331,9 @@ def evaluate(
     ``data`` is a store path or fsspec URL (with ``storage_options``), an opened
     :class:`~streameval.store.Store`, or a mapping of in-memory arrays (``query_features,
     query_pids, query_camids, gallery_features, gallery_pids, gallery_camids``, or the short names
-    ``qf, q_pids, q_camids, gf, g_pids, g_camids``).
+    ``qf, q_pids, q_camids, gf, g_pids, g_camids``); instead of the features, a query x gallery
+    matrix: ``distances`` (smaller is closer) or ``similarity`` (larger is closer), with
+    ``query_distances`` (query x query, same kind) for protocols that need it, as a distance store.
 
     ``protocol``: a preset name (``streameval protocols`` lists them), a .toml / .json protocol
     file, or a ``protocols.Protocol``; its fields can be overridden (PROTOCOLS.md section 8):
@@ -338,11 +346,12 @@ def evaluate(
 
     The other keywords (``EXECUTION_DEFAULTS``) never change a number.  Chunks: ``query_block``
     queries x ``gallery_chunk`` gallery rows per task, by default planned from ``memory_budget``
-    (bytes or e.g. "1GiB").  Where it runs: ``scheduler`` (tcp://host:port), ``scheduler_file`` or
-    ``cluster="local"`` (with ``n_workers``, ``threads_per_worker``, ``memory_limit`` as for
-    LocalCluster) run it on a Dask cluster (checked first, giving up after ``connect_timeout``
-    seconds); otherwise an active ``dask.distributed`` Client is used, or else Dask's threaded
-    scheduler with ``workers`` threads (default: all cores).  BLAS runs one thread per task.
+    (bytes, or a size such as "1GiB" = 2^30 or "4GB" = 4 * 10^9: every size option reads units so).
+    Where it runs: ``scheduler`` (tcp://host:port), ``scheduler_file`` or ``cluster="local"`` (with
+    ``n_workers``, ``threads_per_worker``, ``memory_limit``, a size, as for LocalCluster) run it on
+    a Dask cluster (checked first, giving up after ``connect_timeout`` seconds); otherwise an
+    active ``dask.distributed`` Client is used, or else Dask's threaded scheduler with ``workers``
+    threads (default: all cores).  BLAS runs one thread per task.
     ``progress`` draws the run's progress on stderr (or on the text stream given): percent of the
     work, the pass under way, elapsed time and ETA.  ``result.run["phases"]`` splits the elapsed time.
 
@@ -482,7 +491,8 @@ def _both_directions(store: Store, settings: Settings, execution: Execution, pha
         results[direction] = make_result(swapped, one, query_state, runner, read,
                                          len(swapped.query) * query_state.gallery_rows, meta, verification=verified)
     first = results[settings.protocol.directions[0]]
-    first.directions = {name: result.to_dict() for name, result in results.items()}
+    # each direction's per-query arrays too (the JSON shows them with --per-query, as the top level's)
+    first.directions = {name: result.to_dict(per_query=True) for name, result in results.items()}
     return first
 
 
@@ -557,15 +567,74 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner: Run
         protocol_record=settings.protocol.to_record(), cmc_flavour=settings.protocol.cmc, cmc_first_hit=values["cmc_first_hit"],
         cmc_sgs_expected=None if extras.get("cmc_sgs_expected") is None else list(map(float, extras["cmc_sgs_expected"])),
         trials=block, ranked_lists=ranked_lists, open_set=open_set, verification=verification,
+        warnings=camera_set_warnings(store, settings.protocol, q_cam),
     )
+
+
+def camera_set_warnings(store: Store, protocol, q_cam: np.ndarray) -> list[str]:
+    """A warning for each side whose protocol camera set (query_cameras, gallery_cameras) keeps
+    under half of its rows: most likely the store counts cameras otherwise than the protocol (SYSU's
+    cameras are 1-6; 0-based ids drop most queries), and the numbers over the few rows kept look
+    normal.  The gallery's camera ids are read a chunk at a time, only when it has a camera set."""
+    from .store import read_field
+
+    def gallery_chunks():
+        fs = store.gallery
+        for start in range(0, len(fs), fs.chunk_rows):
+            yield np.asarray(read_field(fs, "camids", slice(start, min(start + fs.chunk_rows, len(fs)))))
+
+    warnings = []
+    for what, allowed, chunks in (("queries", protocol.query_cameras, lambda: iter([q_cam])),
+                                  ("gallery rows", protocol.gallery_cameras, gallery_chunks)):
+        if allowed is None:
+            continue
+        kept, shifted, total, held = 0, 0, 0, np.zeros(0, dtype=np.int64)
+        for cams in chunks():
+            kept, total = kept + int(np.isin(cams, allowed).sum()), total + cams.shape[0]
+            shifted += int(np.isin(cams + 1, allowed).sum())  # as if the store counted cameras from 0
+            held = np.union1d(held, cams)
+        if 2 * kept < total:
+            warnings.append(_camera_set_warning(protocol.name, what, (kept, shifted, total), allowed, held))
+    return warnings
+
+
+def _camera_set_warning(name: str, what: str, counts: tuple, allowed: tuple, held: np.ndarray) -> str:
+    kept, shifted, total = counts
+    shown = ", ".join(str(c) for c in held[:12]) + (f", ... ({held.shape[0]:,} cameras)" if held.shape[0] > 12 else "")
+    field = "query_cameras" if what == "queries" else "gallery_cameras"
+    hint = (f"; counted from 1, the store's camera ids would keep {shifted:,} (are they 0-based?)"
+            if 2 * shifted >= total else "")
+    return (f"protocol '{name}' keeps {kept:,} of {total:,} {what}: its {field} are "
+            f"{', '.join(str(c) for c in allowed)}, but the store's {what} have cameras {shown}{hint}")
+
+
+MATRIX_KINDS = {"distances": "distance", "similarity": "similarity"}  # in-memory matrix key -> distance store kind
 
 
 def _as_store(data, storage_options=None) -> Store:
     if isinstance(data, Store):
         return data
     if isinstance(data, Mapping):
+        if any(key in data for key in MATRIX_KINDS):
+            return _matrix_store(data)
         return write_store(_memory_target(), *(pick_array(data, name) for name in ARRAY_NAMES))
     return open_store(data, storage_options=storage_options)
+
+
+def _matrix_store(arrays: Mapping) -> Store:
+    """An in-memory query x gallery matrix (``distances`` or ``similarity``, larger is closer) with
+    the ids, optionally ``query_distances`` (query x query, of the same kind), as a distance store
+    in memory: evaluated exactly as one written by ``write_distance_store`` or ``convert --distances``."""
+    from .store.distances import write_distance_store
+
+    given = [key for key in MATRIX_KINDS if key in arrays]
+    features = [key for name in ("query_features", "gallery_features") for key in ARRAY_NAMES[name] if key in arrays]
+    if len(given) > 1 or features:
+        raise OptionError(f"input arrays hold {' and '.join(given + features)}: give one query x gallery matrix "
+                          "(distances or similarity) or the features, not both")
+    ids = [pick_array(arrays, name) for name in ARRAY_NAMES if not name.endswith("features")]
+    return write_distance_store(_memory_target(), arrays[given[0]], *ids, kind=MATRIX_KINDS[given[0]],
+                                query_distances=arrays.get("query_distances"))
 
 
 def pick_array(arrays: Mapping, name: str):

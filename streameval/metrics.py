@@ -48,10 +48,11 @@ class Result:
     cmc_first_hit: list | None = None  # when the flavour is another
     cmc_sgs_expected: list | None = None  # sgs mode both
     trials: dict | None = None  # per trial (or sgs repeat) values and their spread; headline = means
-    directions: dict | None = None  # regdb: each direction's result
+    directions: dict | None = None  # regdb: each direction's result (to_dict(per_query=True) of each)
     ranked_lists: object = None  # ranked.RankedLists with ranked_list=K: records, worst and best queries
     open_set: dict | None = None  # with open_set=True: DIR@FPIR (PROTOCOLS.md section 3.5, openset.py)
     verification: dict | None = None  # with verification=True: TAR@FAR, AUC, ROC (PROTOCOLS.md 3.5, verification.py)
+    warnings: list = field(default_factory=list)  # what the numbers may hide, e.g. a protocol keeping few queries
 
     def rank(self, k: int) -> float | None:
         """CMC@k for an integer 1 <= k <= max_rank; None when no query has a positive (Q+ empty)."""
@@ -82,6 +83,12 @@ class Result:
         """CMC@k, or None past the computed curve (the JSON's fixed rank keys)."""
         return self.rank(k) if k <= self.max_rank else None
 
+    def _directions(self, per_query: bool) -> dict | None:
+        """Each direction's section, its per-query arrays only when the top level's are asked for."""
+        if self.directions is None or per_query:
+            return self.directions
+        return {name: {k: v for k, v in d.items() if k != "per_query"} for name, d in self.directions.items()}
+
     def to_dict(self, per_query: bool = False) -> dict:
         """JSON-ready dict with the keys of METRICS.md section 5 (plus options and run facts)."""
         out = {
@@ -106,7 +113,7 @@ class Result:
             "cmc_sgs_expected": self.cmc_sgs_expected,
             "gom": self.gom,
             "trials": self.trials,
-            "directions": self.directions,
+            "directions": self._directions(per_query),
             "options": self.options,
             "run": self.run,
         }
@@ -118,6 +125,8 @@ class Result:
             out["open_set"] = self.open_set
         if self.verification is not None:
             out["verification"] = self.verification
+        if self.warnings:
+            out["warnings"] = list(self.warnings)
         return out
 
 

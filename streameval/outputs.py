@@ -7,9 +7,10 @@ One policy for every output (``--json``, ``--state``, plot files, new stores):
   so a typo in a path is reported at once instead of making a tree somewhere;
 * an existing file is replaced only with ``--overwrite`` (or a yes at the terminal prompt), and a
   directory never stands where a file is to be written;
-* a file is written beside its final name and renamed into place, so a failure (a full disk) leaves
-  the previous file as it was; if the result cannot be written at all, it goes to a fallback file
-  whose path the error names (the evaluation is never lost).
+* a file is written beside its final name (with the modes the umask gives any new file) and renamed
+  into place, so a failure (a full disk) leaves the previous file as it was; if the result cannot be
+  written at all, it goes to a fallback file whose path the error names (the evaluation is never
+  lost).
 
 Imports nothing heavy: the CLI checks its outputs before loading the engine.
 """
@@ -101,10 +102,9 @@ def _replace_with(path: str, text: str) -> None:
         with open(path, "w") as fh:
             fh.write(text)
         return
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".streameval-", suffix=".tmp", dir=folder)
+    tmp = create_beside(path, ".tmp")
     try:
-        with os.fdopen(fd, "w") as fh:
+        with open(tmp, "w") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
@@ -115,6 +115,28 @@ def _replace_with(path: str, text: str) -> None:
         except OSError:
             pass
         raise
+
+
+def create_beside(path: str, suffix: str, directory: bool = False) -> str:
+    """A new, uniquely named file (or directory) in the folder of ``path``, to be renamed onto it.
+
+    Created with the ordinary modes (0o666 for a file, 0o777 for a directory) so that the kernel
+    applies the umask, as for any file a program writes: tempfile's private 0o600 / 0o700 would
+    stay on the output once it is renamed into place.
+    """
+    import secrets
+
+    folder = os.path.dirname(os.path.abspath(path))
+    while True:
+        candidate = os.path.join(folder, f".streameval-{secrets.token_hex(6)}{suffix}")
+        try:
+            if directory:
+                os.mkdir(candidate, 0o777)
+            else:
+                os.close(os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return candidate
+        except FileExistsError:  # another writer drew the same name: draw again
+            continue
 
 
 def _fallback(text: str, what: str) -> str | None:

@@ -20,18 +20,25 @@ MIN_GALLERY_CHUNK = 256
 MIN_QUERY_BLOCK = 256  # fewer queries per task: the gallery is re-read for every handful of queries
 TASKS_PER_WORKER = 4  # enough tasks per thread that the last round leaves little idle time
 
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
-          "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+# Sizes as Dask reads them (dask.utils.parse_bytes): decimal kB, MB, GB, TB = 10^3, 10^6, ...; binary
+# KiB, MiB, GiB, TiB = 2^10, 2^20, ...; a plain number is bytes.  Case is ignored; a bare K, M or G
+# is refused (Dask reads it as decimal, others as binary: it would be a guess).
+_UNITS = {"": 1, "b": 1, **{f"{prefix}b": 1000 ** power for power, prefix in enumerate("kmgtp", 1)},
+          **{f"{prefix}ib": 1024 ** power for power, prefix in enumerate("kmgtp", 1)}}
+SIZE_UNITS = "bytes, or with a unit: kB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024)"
 
 
 def parse_bytes(text) -> int:
-    """'1GiB', '512MB', '2g' or a plain integer -> bytes (binary units)."""
-    if isinstance(text, int):
+    """'1GiB' (2^30), '4GB' (4 * 10^9), '512MiB', '1.5kB' or a plain number (bytes) -> bytes; the
+    one parser of every size option (units as Dask reads them, SIZE_UNITS)."""
+    from fractions import Fraction
+
+    if isinstance(text, int) and not isinstance(text, bool):
         return text
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    if not match or match.group(2).upper() not in _UNITS:
-        raise OptionError(f"cannot read a memory size from {text!r} (try 1GiB, 512MiB)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    if not match or match.group(2).lower() not in _UNITS:
+        raise OptionError(f"cannot read a memory size from {text!r}: give {SIZE_UNITS}, e.g. 512MiB or 4GB")
+    return int(Fraction(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
 @dataclass(frozen=True)

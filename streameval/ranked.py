@@ -479,11 +479,10 @@ def _columns(lists: RankedLists) -> dict:
 def _write_group(lists: RankedLists, path: str) -> None:
     """The records as arrays (``_columns``), written beside ``path`` and moved into place."""
     import shutil
-    import tempfile
 
     import zarr
 
-    tmp = tempfile.mkdtemp(prefix=".streameval-", suffix=".zarr", dir=os.path.dirname(os.path.abspath(path)))
+    tmp = outputs.create_beside(path, ".zarr", directory=True)
     try:
         group = zarr.open_group(tmp, mode="w")
         for name, data in _columns(lists).items():

@@ -55,6 +55,7 @@ def summary(result: Result, label: str = "", ranks=None) -> str:
         f"  metric {result.metric}   protocol {result.protocol}   precision {result.options.get('precision')}"
         + (f"   CMC {result.cmc_flavour}" if result.cmc_flavour != "first-hit" else ""),
     ]
+    lines += [f"  warning: {warning}" for warning in result.warnings]  # next to the counts they explain
     if result.n_valid_queries == 0:
         lines.append("  no query has a positive in the gallery: closed-set metrics are undefined")
     else:

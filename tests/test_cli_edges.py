@@ -210,3 +210,59 @@ def test_ctrl_c_at_any_moment_ends_in_one_line(store, delay):
     assert proc.returncode in (130, -signal.SIGINT), (proc.returncode, err)
     if proc.returncode == 130:
         assert [line for line in err.splitlines() if line.startswith("error:")] == [err.strip().splitlines()[-1]]
+
+
+# ---------------------------------------------------------------------------------------- sizes
+
+
+@pytest.mark.parametrize("text, size", [
+    ("4096", 4096), (4096, 4096), ("4GB", 4 * 10**9), ("4gb", 4 * 10**9), ("4GiB", 4 << 30), ("1.5kB", 1500),
+    ("1.5KiB", 1536), ("512MB", 512 * 10**6), ("512MiB", 512 << 20), ("2TB", 2 * 10**12), ("2TiB", 2 << 40),
+    (" 7 B ", 7), ("12345678901234567", 12345678901234567),
+])
+def test_one_size_parser_decimal_and_binary_units_as_dask(text, size):
+    from streameval.plan import parse_bytes
+
+    assert parse_bytes(text) == size
+
+
+@pytest.mark.parametrize("text", ["4g", "2G", "4gigs", "-1", "1e9", "GB", ""])
+def test_sizes_without_a_clear_unit_are_refused(text):
+    from streameval.errors import OptionError
+    from streameval.plan import parse_bytes
+
+    with pytest.raises(OptionError, match="powers of 1000"):
+        parse_bytes(text)
+
+
+def test_every_size_option_reads_the_same_units(store, monkeypatch):
+    """--memory-budget and --tail-budget reach the plan, --memory-limit reaches Dask, in bytes."""
+    import importlib
+
+    import distributed
+
+    from streameval import verification
+
+    engine = importlib.import_module("streameval.evaluate")  # the module: the package exports the function
+
+    seen = {}
+    planned, checked = engine.make_plan, verification.check_memory
+    monkeypatch.setattr(engine, "make_plan", lambda *args: seen.setdefault("budget", args[7]) and planned(*args))
+    monkeypatch.setattr(verification, "check_memory",
+                        lambda spec, *args: seen.setdefault("tail", spec.tail_budget) and checked(spec, *args))
+    for budget, tail in (("4GB", "3kB"), ("4GiB", "3KiB")):
+        seen.clear()
+        cli("eval", store, "-q", "--no-gom", "--verification", "--memory-budget", budget, "--tail-budget", tail)
+        assert seen == {"budget": 4 * (10**9 if budget == "4GB" else 1 << 30),
+                        "tail": 3 * (1000 if tail == "3kB" else 1024)}
+
+    def refused_cluster(**options):
+        seen["memory_limit"] = options["memory_limit"]
+        raise RuntimeError("no cluster in this test")
+
+    monkeypatch.setattr(distributed, "LocalCluster", refused_cluster)
+    for limit, size in (("4GB", 4 * 10**9), ("4GiB", 4 << 30)):
+        line = one_error_line(cli("eval", store, "-q", "--cluster", "local", "--memory-limit", limit, code=4))
+        assert "no cluster in this test" in line and seen["memory_limit"] == size
+    line = one_error_line(cli("eval", store, "-q", "--cluster", "local", "--memory-limit", "4g", code=2))
+    assert "cannot read a memory size from '4g'" in line

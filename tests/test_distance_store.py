@@ -182,3 +182,36 @@ def test_a_reranked_matrix_saved_with_numpy_is_evaluated_end_to_end_from_the_cli
     assert_entry(got, ref["per_trial"][0], "re-ranked")
     plain = streameval.evaluate(features, metric="sqeuclidean", max_rank=8, no_gom=True)
     assert got["cmc"] != plain.to_dict()["cmc"] or got["mAP"] != plain.mAP  # re-ranking changed the ranking
+
+
+def test_an_in_memory_matrix_evaluates_as_its_converted_store_and_the_reference(tmp_path):
+    from reference import reference_evaluate
+
+    qf, q_pid, q_cam, gf, g_pid, g_cam = problem(2)
+    ids = dict(q_pids=q_pid, q_camids=q_cam, g_pids=g_pid, g_camids=g_cam)
+    dist = distance_matrix(qf, gf, "sqeuclidean")
+    write_store(tmp_path / "feats.zarr", qf, q_pid, q_cam, gf, g_pid, g_cam, chunk_rows=8)
+    np.save(tmp_path / "M.npy", dist)
+    converted = CliRunner().invoke(main, ["convert", str(tmp_path / "M.npy"), str(tmp_path / "M.zarr"), "--distances",
+                                          "--ids-from", str(tmp_path / "feats.zarr")])
+    assert converted.exit_code == 0, converted.output
+    options = dict(max_rank=8, progress=False)
+    from_store = streameval.evaluate(tmp_path / "M.zarr", **options)
+    in_memory = streameval.evaluate(dict(distances=dist, **ids), **options)
+    assert comparable(in_memory) == comparable(from_store) and in_memory.metric == "distance"
+    assert in_memory.to_dict(per_query=True)["per_query"] == from_store.to_dict(per_query=True)["per_query"]
+    similar = streameval.evaluate(dict(similarity=-dist, **ids), **options)
+    assert comparable(similar) == comparable(in_memory) and similar.metric == "similarity"
+
+    ref = reference_evaluate(qf, q_pid, q_cam, gf, g_pid, g_cam, metric="sqeuclidean", protocol="market", max_rank=8)
+    assert in_memory.n_valid_queries == ref["n_valid_queries"]
+    assert np.array_equal(in_memory.cmc, ref["cmc"])
+    for name in ("mAP", "mAP_trapezoid", "mINP"):
+        assert getattr(in_memory, name) == pytest.approx(ref[name], rel=1e-12, abs=0)
+    for name, values in ref["per_query"].items():
+        np.testing.assert_allclose(in_memory.per_query[name], values, rtol=1e-12, atol=0, err_msg=name)
+
+    with pytest.raises(OptionError, match="give one query x gallery matrix"):
+        streameval.evaluate(dict(distances=dist, similarity=-dist, **ids))
+    with pytest.raises(OptionError, match="give one query x gallery matrix"):
+        streameval.evaluate(dict(distances=dist, qf=qf, gf=gf, **ids))

@@ -5,6 +5,7 @@ means and spread, and the sgs curves must match to 1e-12, and be identical acros
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 import streameval
 from streameval.protocols import resolve
 
+from cli_checks import cli
 from protocol_reference import extend_gallery, reference_protocol
 from reference import distance_matrix
 
@@ -137,3 +139,20 @@ def test_regdb_runs_both_directions_each_as_its_own_evaluation():
         got = both.directions[direction]
         assert got["n_queries"] == alone["n_queries"] and got["cmc"] == alone["cmc"] and got["mAP"] == alone["mAP"]
     assert both.to_dict()["mAP"] == both.directions["v2t"]["mAP"]
+
+
+def test_regdb_gives_each_directions_per_query_arrays_as_its_own_run(tmp_path):
+    qf, q_pid, q_cam, gf, g_pid, g_cam = problem(5)
+    streameval.write_store(tmp_path / "s.zarr", qf, q_pid, q_cam, gf, g_pid, g_cam)
+    run = cli("eval", tmp_path / "s.zarr", "--protocol", "regdb", "--max-rank", 8, "--no-gom", "--per-query",
+              "--json", "-", "-q")
+    both = json.loads(run.stdout)
+    assert both["per_query"] == both["directions"]["v2t"]["per_query"]
+    for direction in ("v2t", "t2v"):
+        alone = streameval.evaluate(tmp_path / "s.zarr", protocol="regdb", direction=direction, max_rank=8,
+                                    no_gom=True).to_dict(per_query=True)
+        assert both["directions"][direction]["per_query"] == json.loads(json.dumps(alone["per_query"]))
+        assert len(alone["per_query"]["ap"]) == (len(q_pid) if direction == "v2t" else len(g_pid))
+    without = json.loads(cli("eval", tmp_path / "s.zarr", "--protocol", "regdb", "--max-rank", 8, "--no-gom",
+                             "--json", "-", "-q").stdout)
+    assert "per_query" not in without and all("per_query" not in d for d in without["directions"].values())

@@ -14,6 +14,7 @@ import csv
 import json
 import sys
 import tempfile
+import zipfile
 
 import h5py
 import numpy as np
@@ -187,6 +188,97 @@ def test_npy_folder_and_npy_files(tmp_path, arrays, expected):
     out.rename(tmp_path / "first.zarr")
     out, _ = convert(tmp_path, *files)
     assert comparable(out) == expected
+
+
+def write_npz_members(path, members: dict, version) -> None:
+    """An .npz as numpy.savez lays it out, each member written in .npy format ``version``."""
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, value in members.items():
+            with zf.open(f"{name}.npy", "w") as fh:
+                np.lib.format.write_array(fh, np.asanyarray(value), version=version, allow_pickle=False)
+
+
+@pytest.mark.parametrize("version", [(1, 0), (2, 0), (3, 0)])
+def test_npz_members_in_every_npy_format_version(tmp_path, arrays, expected, version):
+    """Version 3.0 (a UTF-8 header) is read through numpy's public API, as 1.0 and 2.0 are."""
+    write_npz_members(tmp_path / "feats.npz", {SHORT[k]: v for k, v in arrays.items()}, version)
+    out, _ = convert(tmp_path, tmp_path / "feats.npz")
+    assert comparable(out) == expected
+    result = cli("eval", tmp_path / "feats.npz", "--json", "-", "--per-query", "-q", "--max-rank", "10")
+    got = json.loads(result.stdout)
+    got.pop("run")
+    assert got == as_json(expected["numbers"])
+
+
+def test_a_damaged_npy_3_0_header_is_one_line(tmp_path, arrays):
+    write_npz_members(tmp_path / "feats.npz", {SHORT[k]: v for k, v in arrays.items()}, (3, 0))
+    with zipfile.ZipFile(tmp_path / "feats.npz") as zf:
+        members = {info.filename: zf.read(info) for info in zf.infolist()}
+    members["qf.npy"] = members["qf.npy"].replace(b"'shape'", b"'shapes'")
+    with zipfile.ZipFile(tmp_path / "bad.npz", "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    line = one_error_line(cli("convert", tmp_path / "bad.npz", tmp_path / "out.zarr", code=3))
+    assert "cannot read 'qf' from" in line and "descr, fortran_order and shape" in line
+    assert not (tmp_path / "out.zarr").exists()
+
+
+def test_whole_float_ids_in_an_npz_read_as_integers_as_from_a_mat_file(tmp_path, arrays, expected):
+    floats = {SHORT[k]: v.astype(np.float64) if "features" not in k else v for k, v in arrays.items()}
+    np.savez(tmp_path / "feats.npz", **floats)
+    out, _ = convert(tmp_path, tmp_path / "feats.npz")
+    assert comparable(out) == expected
+    for where, fraction in ((5, 12.5), (7, np.nan)):
+        floats["g_pids"] = arrays["gallery_pids"].astype(np.float32)
+        floats["g_pids"][where] = fraction
+        np.savez(tmp_path / "fraction.npz", **floats)
+        line = one_error_line(cli("convert", tmp_path / "fraction.npz", tmp_path / "bad.zarr", code=3))
+        assert line.endswith(f"'g_pids' row {where} holds {fraction}, not an integer id"), line
+        assert not (tmp_path / "bad.zarr").exists()
+
+
+def test_an_npz_without_camera_ids_evaluates_under_protocol_none_only(tmp_path, arrays):
+    """No camera rule: the numbers are those of the same rows with their cameras, under 'none'."""
+    np.savez(tmp_path / "feats.npz", **{SHORT[k]: v for k, v in arrays.items() if not k.endswith("camids")})
+    out, stderr = convert(tmp_path, tmp_path / "feats.npz")
+    assert "no camera ids: every row is camera 0 (evaluate it with --protocol none" in stderr
+    assert not open_store(out).cameras and not open_store(out).query.camids[:].any()
+    with_cameras = streameval.evaluate(dict(arrays), protocol="none", max_rank=10).to_dict(per_query=True)
+    with_cameras.pop("run")
+    for target in (out, tmp_path / "feats.npz"):
+        result = cli("eval", target, "--protocol", "none", "--json", "-", "--per-query", "-q", "--max-rank", "10")
+        got = json.loads(result.stdout)
+        got.pop("run")
+        assert got == as_json(with_cameras)
+    for protocol, uses in (("market", "x_same"), ("sysu-all", "x_same, x_any, query_cameras, gallery_cameras, trials")):
+        line = one_error_line(cli("eval", out, "--protocol", protocol, "-q", code=2))
+        assert f"has no camera ids (its input had none), but protocol '{protocol}' uses them ({uses})" in line, line
+        assert line.endswith("evaluate it with --protocol none, which applies no camera rule")
+
+
+def test_a_store_without_camera_ids_takes_appended_rows_without_them(tmp_path, arrays):
+    first, more = slice(0, 100), slice(100, None)
+    short = {SHORT[k]: v for k, v in arrays.items() if not k.endswith("camids")}
+    np.savez(tmp_path / "feats.npz", **{**short, "gf": short["gf"][first], "g_pids": short["g_pids"][first]})
+    np.savez(tmp_path / "more.npz", gf=short["gf"][more], g_pids=short["g_pids"][more])
+    np.savez(tmp_path / "cams.npz", gf=short["gf"][more], g_pids=short["g_pids"][more],
+             g_camids=arrays["gallery_camids"][more])
+    out, _ = convert(tmp_path, tmp_path / "feats.npz")
+    line = one_error_line(cli("append", out, tmp_path / "cams.npz", code=3))
+    assert "has no camera ids (its input had none): the camera ids 'g_camids'" in line
+    cli("append", out, tmp_path / "more.npz")
+    store = open_store(out)
+    assert not store.cameras and len(store.gallery) == NG and not store.gallery.camids[:].any()
+    got = streameval.evaluate(out, protocol="none", max_rank=10).to_dict(per_query=True)
+    want = streameval.evaluate(dict(arrays), protocol="none", max_rank=10).to_dict(per_query=True)
+    assert {k: v for k, v in got.items() if k != "run"} == {k: v for k, v in want.items() if k != "run"}
+
+
+def test_camera_ids_of_one_set_only_are_refused_as_missing(tmp_path, arrays):
+    np.savez(tmp_path / "feats.npz", **{SHORT[k]: v for k, v in arrays.items() if k != "gallery_camids"})
+    line = one_error_line(cli("convert", tmp_path / "feats.npz", tmp_path / "out.zarr", code=3))
+    assert "input arrays lack 'gallery_camids' (or its short name 'g_camids')" in line
+    assert not (tmp_path / "out.zarr").exists()
 
 
 def test_torch_dict_of_tensors_arrays_and_lists(tmp_path, arrays, expected):

@@ -42,6 +42,7 @@ FORMATS = {".npz": "npz", ".npy": "npy", ".mat": "mat", ".h5": "h5", ".hdf5": "h
            ".pth": "pt"}
 SUPPORTED = ".npz, .npy (one file per array, or a folder of them), .mat (MATLAB v5 or v7.3), .h5/.hdf5, .pt/.pth"
 LISTED = 16  # arrays named in a message, at most
+NO_CAMERAS_HINT = "evaluate it with --protocol none, which applies no camera rule"
 
 
 def _set_names(long: str, short: str) -> dict:
@@ -104,12 +105,15 @@ class Source:
         return ", ".join(items[:LISTED]) + more
 
     def ids(self, array):
-        """An array used as ids: a MATLAB 1 x N or N x 1 array as a vector, integral doubles as int64."""
-        if not self.matlab:
-            return array
-        from .mat import matlab_ids
+        """An array used as ids: a MATLAB 1 x N or N x 1 array as a vector; whole floating point
+        numbers (MATLAB's doubles, pids saved from float tensors) as int64, fractions refused."""
+        if self.matlab:
+            from .mat import matlab_ids
 
-        return matlab_ids(array, self.path)
+            return matlab_ids(array, self.path)
+        from .ids import integral_ids
+
+        return integral_ids(array, self.path)
 
 
 @dataclass(frozen=True)
@@ -120,22 +124,26 @@ class Matching:
     label: str
     pairs: tuple  # (name in the input, long name)
     given: tuple  # (where from, set name, with paths)
+    cameras: bool = True  # False: no camera ids anywhere, every row camera 0
 
     @classmethod
-    def of(cls, source: Source, found: dict, given: dict) -> Matching:
+    def of(cls, source: Source, found: dict, given: dict, cameras: bool = True) -> Matching:
         """``found``: {long name: array} as ``match`` returns; ``given``: {set name: (label, with paths)}."""
         return cls(source.label, tuple((array.name, long) for long, array in found.items()),
-                   tuple((label, set_name, paths) for set_name, (label, paths) in given.items()))
+                   tuple((label, set_name, paths) for set_name, (label, paths) in given.items()), cameras)
 
     @property
     def notable(self) -> bool:
-        """Anything but streameval's own names, all from the input."""
-        return bool(self.given) or any(name not in (long, SHORT[long]) for name, long in self.pairs)
+        """Anything but streameval's own names, all from the input, with cameras."""
+        return (bool(self.given) or not self.cameras
+                or any(name not in (long, SHORT[long]) for name, long in self.pairs))
 
     def __str__(self) -> str:
         parts = [f"{name} -> {describe_key(long)}" for name, long in self.pairs]
-        parts += [f"{label} -> {set_name} pids, camids" + (", paths" if paths else "")
+        parts += [f"{label} -> {set_name} pids" + (", camids" if self.cameras else "") + (", paths" if paths else "")
                   for label, set_name, paths in self.given]
+        if not self.cameras:
+            parts.append(f"no camera ids: every row is camera 0 ({NO_CAMERAS_HINT})")
         return f"reading {self.label}: " + ", ".join(parts)
 
 

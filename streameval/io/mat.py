@@ -67,33 +67,8 @@ def _is_hdf5(src: str) -> bool:
     return False
 
 
-class _IntegralIds:
-    """Ids stored as floating point (MATLAB's double): each value checked integral, read as int64."""
-
-    dtype = np.dtype(np.int64)
-
-    def __init__(self, array, src: str):
-        self.array, self.src, self.name, self.shape = array, src, array.name, array.shape
-
-    def _checked(self, values: np.ndarray, first_row: int) -> np.ndarray:
-        exact = (values == np.round(values)) & (values >= -2.0**63) & (values < 2.0**63)  # NaN fails
-        if not exact.all():
-            row = int(np.flatnonzero(~exact)[0])
-            raise StoreError(f"'{self.src}': '{self.name}' row {first_row + row} holds {values[row]}, "
-                             "not an integer id")
-        return values.astype(np.int64)
-
-    def blocks(self, step: int):
-        start = 0
-        for block in self.array.blocks(step):
-            yield self._checked(block, start)
-            start += len(block)
-
-    def whole(self) -> np.ndarray:
-        return self._checked(self.array.whole(), 0)
-
-
 def matlab_ids(array, src: str):
     """An array of a .mat file used as ids: as a vector, integral doubles as int64."""
-    vector = array.vector()
-    return _IntegralIds(vector, src) if vector.dtype.kind == "f" else vector
+    from .ids import integral_ids
+
+    return integral_ids(array.vector(), src)

@@ -10,6 +10,7 @@ which is read whole: a block of its rows and columns is not a contiguous read).
 from __future__ import annotations
 
 import os
+import struct
 import zipfile
 import zlib
 
@@ -19,6 +20,7 @@ from numpy.lib import format as npy_format
 from ..errors import StoreError
 from . import Source
 
+MAX_HEADER_BYTES = 10_000  # numpy's own limit on a header it parses with literal_eval
 _READ_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError)
 
 
@@ -77,12 +79,42 @@ class Member:
 
 
 def _read_header(fh):
+    """(shape, fortran order, dtype) of a member, through numpy's public format API only (its
+    private header reader moved between numpy versions)."""
     version = npy_format.read_magic(fh)
     if version == (1, 0):
         return npy_format.read_array_header_1_0(fh)
     if version == (2, 0):
         return npy_format.read_array_header_2_0(fh)
-    return npy_format._read_array_header(fh, version)  # 3.0: utf-8 header, same fields
+    if version == (3, 0):
+        return _read_header_3_0(fh)
+    raise ValueError(f"unknown .npy format version {version[0]}.{version[1]}")
+
+
+def _read_header_3_0(fh):
+    """Version 3.0 is 2.0's layout (a 4-byte little-endian length, then a dict literal) with the
+    header in UTF-8, for non-ASCII field names: no public reader takes it, so it is parsed here."""
+    import ast
+
+    (length,) = struct.unpack("<I", _read_exact(fh, 4))
+    if length > MAX_HEADER_BYTES:
+        raise ValueError(f"a .npy header of {length:,} bytes is too large to be read safely")
+    try:
+        header = ast.literal_eval(_read_exact(fh, length).decode("utf-8"))
+    except (SyntaxError, UnicodeDecodeError, MemoryError, RecursionError) as exc:
+        raise ValueError(f"cannot parse the .npy header: {exc}") from None
+    if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
+        raise ValueError("the .npy header is not a dict of descr, fortran_order and shape")
+    shape, fortran = header["shape"], header["fortran_order"]
+    if not isinstance(shape, tuple) or not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise ValueError(f"the .npy header's shape is not valid: {shape!r}")
+    if not isinstance(fortran, bool):
+        raise ValueError(f"the .npy header's fortran_order is not a bool: {fortran!r}")
+    try:
+        dtype = npy_format.descr_to_dtype(header["descr"])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"the .npy header's descr is not a dtype: {exc}") from None
+    return shape, fortran, dtype
 
 
 def _read_exact(fh, nbytes: int) -> bytes:

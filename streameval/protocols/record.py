@@ -103,6 +103,21 @@ class Protocol:
         sampled_sgs = self.sgs is not None and self.sgs.mode in ("sampled", "both")
         return drawn_trials or sampled_sgs
 
+    @property
+    def camera_fields(self) -> tuple:
+        """The fields that read camera ids: a store without them (every row camera 0) would be
+        evaluated wrongly under any of these, so it is refused."""
+        trials = self.trials
+        uses = {
+            "x_same": self.x_same.equal or bool(self.x_same.pairs),
+            "x_any": self.x_any.equal or bool(self.x_any.pairs),
+            "query_cameras": self.query_cameras is not None,
+            "gallery_cameras": self.gallery_cameras is not None,
+            "trials": trials is not None and (trials.group == "pid-camera" or bool(trials.cameras)
+                                              or trials.source == "official"),
+        }
+        return tuple(name for name, used in uses.items() if used)
+
     def to_record(self) -> dict:
         """Every field, JSON-ready, in field order, plus ``draw_version``: DRAW_VERSION when the
         protocol uses seeded draws (``uses_seeded_draws``), else None."""

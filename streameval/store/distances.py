@@ -37,15 +37,17 @@ CHUNK_BYTES = 8 << 20  # a distance chunk: about 8 MiB
 
 
 def write_distance_store(out, distances, q_pids, q_camids, g_pids, g_camids, *, kind: str = "distance",
-                         query_distances=None, chunk_rows: int | None = None, overwrite: bool = False) -> Store:
+                         query_distances=None, chunk_rows: int | None = None, overwrite: bool = False,
+                         cameras: bool = True) -> Store:
     """Write a distance store at ``out`` and return it opened.
 
     ``distances`` (Nq x Ng) and ``query_distances`` (Nq x Nq, optional) are any 2-D array-likes
     sliceable by rows and columns (numpy arrays, memory maps, h5py datasets): they are read a chunk
     at a time, twice (every value is checked before ``out`` is touched).  float16 values are stored
     as float32, float32 and float64 as given.  ``chunk_rows``: gallery rows per chunk column.
+    ``cameras=False``: the camids are placeholders (the input had none), as ``create_store``'s.
     """
-    from .writing import create_group, new_store
+    from .writing import camera_attrs, create_group, new_store
 
     if kind not in DISTANCE_KINDS:
         raise StoreError(f"kind must be one of {', '.join(DISTANCE_KINDS)}, got {kind!r}")
@@ -63,7 +65,8 @@ def write_distance_store(out, distances, q_pids, q_camids, g_pids, g_camids, *, 
         for rows, cols in _blocks(shapes[name], steps[name]):
             _checked(matrix, rows, cols, name, dtypes[name])
     with new_store(out, overwrite):
-        group = create_group(out, n_query, n_gallery, {"content": "distances", "kind": kind}, set_chunk)
+        group = create_group(out, n_query, n_gallery, {"content": "distances", "kind": kind, **camera_attrs(cameras)},
+                             set_chunk)
         group["query/pids"][:], group["query/camids"][:] = ids["query pids"], ids["query camids"]
         group["gallery/pids"][:], group["gallery/camids"][:] = ids["gallery pids"], ids["gallery camids"]
         for name, matrix in matrices.items():

@@ -17,6 +17,7 @@ from ..errors import StoreError, one_line
 SCHEMA_VERSION = 2
 COMMITTED_ATTR = "committed_gallery_rows"
 UID_ATTR = "store_uid"  # random, made when a store is created: a rewritten store gets a new one
+CAMERAS_ATTR = "cameras"  # false: the input had no camera ids, every row is camera 0 (protocols without cameras only)
 SETS = ("query", "gallery")
 FIELDS = ("features", "pids", "camids")
 FEATURE_DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
@@ -81,6 +82,7 @@ class Store:
     default_metric: str
     uid: str | None = None
     kind: str = "features"  # or a distance store's "distance" / "similarity"
+    cameras: bool = True  # False: converted from an input without camera ids (every camid is 0)
 
     @property
     def dim(self) -> int:
@@ -131,7 +133,8 @@ def open_store(target, mode: str = "r", storage_options: dict | None = None, _wr
         from .distances import open_distance_sets
 
         query, gallery = open_distance_sets(group, path, committed)
-        return Store(path=path, query=query, gallery=gallery, default_metric=kind, uid=attrs.get(UID_ATTR), kind=kind)
+        return Store(path=path, query=query, gallery=gallery, default_metric=kind, uid=attrs.get(UID_ATTR), kind=kind,
+                     cameras=attrs.get(CAMERAS_ATTR) is not False)
     query = _open_set(group, path, "query", None)
     gallery = _open_set(group, path, "gallery", committed)
     if query.dim != gallery.dim:
@@ -143,7 +146,8 @@ def open_store(target, mode: str = "r", storage_options: dict | None = None, _wr
     default_metric = attrs.get("default_metric", "euclidean")
     if default_metric not in METRICS:
         raise StoreError(f"'{path}': default_metric {default_metric!r} is not one of {', '.join(METRICS)}")
-    return Store(path=path, query=query, gallery=gallery, default_metric=default_metric, uid=attrs.get(UID_ATTR))
+    return Store(path=path, query=query, gallery=gallery, default_metric=default_metric, uid=attrs.get(UID_ATTR),
+                 cameras=attrs.get(CAMERAS_ATTR) is not False)
 
 
 def _content_kind(attrs: dict, path: str) -> str:

@@ -13,7 +13,7 @@ import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from ..errors import StoreError, one_line
-from .layout import (CHECKSUM_BYTES, COMMITTED_ATTR, DEFAULT_CHUNK_ROWS, FIELDS, ID_FILL, RECREATE, SCHEMA_VERSION, UID_ATTR,
+from .layout import (CAMERAS_ATTR, CHECKSUM_BYTES, COMMITTED_ATTR, DEFAULT_CHUNK_ROWS, FIELDS, ID_FILL, RECREATE, SCHEMA_VERSION, UID_ATTR,
                      FeatureSet, Store, describe, is_local_path, open_store)
 from .paths import appended_paths, write_path_rows
 from .values import check_batch, check_metric, feature_dtype
@@ -74,22 +74,30 @@ def create_store(
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     default_metric: str = "euclidean",
     overwrite: bool = False,
+    cameras: bool = True,
 ) -> Store:
     """Create an empty store of the given shape, to be filled with ``write_rows`` (inside
     ``new_store``, which cleans up after a failure).
 
     ``target`` is a path or a zarr store object.  Refuses to touch an existing path unless
-    ``overwrite`` is set.
+    ``overwrite`` is set.  ``cameras=False``: the input has no camera ids (the rows are written
+    with camera 0, and protocols that use cameras refuse the store).
     """
     dtype = feature_dtype(dtype)
     check_metric(default_metric)
     if dim <= 0:
         raise StoreError(f"cannot create a store with {n_query} queries, {n_gallery} gallery rows, dim {dim}")
-    group = create_group(target, n_query, n_gallery, {"default_metric": default_metric}, chunk_rows, overwrite)
+    group = create_group(target, n_query, n_gallery, {"default_metric": default_metric, **camera_attrs(cameras)},
+                         chunk_rows, overwrite)
     for name, rows in (("query", n_query), ("gallery", n_gallery)):
         group.create_array(f"{name}/features", shape=(rows, dim), dtype=dtype, chunks=(_chunk(chunk_rows, rows), dim),
                            compressors=[Crc32cCodec()], fill_value=np.nan)
     return open_store(target, mode="r+", _writing=True)
+
+
+def camera_attrs(cameras: bool) -> dict:
+    """The store attribute saying its camera ids are placeholders (none when they are real)."""
+    return {} if cameras else {CAMERAS_ATTR: False}
 
 
 def create_group(target, n_query: int, n_gallery: int, attrs: dict, chunk_rows: int = DEFAULT_CHUNK_ROWS,
