@@ -402,7 +402,7 @@ def eval_cmd(store, json_path, per_query, quiet, state, overwrite, ranks, summar
     """Evaluate STORE's queries against its gallery, streaming the gallery in chunks.
 
     STORE may also be a file 'streameval convert' reads (.npz, .npy or a folder of them, .mat, .h5,
-    .pt; docs/formats.md): it is converted to a store first, and a line on stderr says so.
+    .pt; docs/formats.md): it is converted to a store first, and a line on stderr says so (not with -q).
     """
     outputs.check_file(json_path, overwrite, "--json file")
     outputs.check_directory(convert_to, overwrite, "--convert-to store")
@@ -415,7 +415,7 @@ def eval_cmd(store, json_path, per_query, quiet, state, overwrite, ranks, summar
     options["std_ddof"] = int(options["std_ddof"])
     from .convert import evaluation_store
 
-    say = functools.partial(click.echo, err=True)
+    say = None if quiet else functools.partial(click.echo, err=True)  # -q: no info line, errors and warnings only
     with evaluation_store(store, convert_to=convert_to, overwrite=overwrite, state=state, say=say, **reading) as target:
         result = evaluate(target, progress=not quiet, state=state, overwrite_state=overwrite, **options)
         _finish_with_lists(result, ranked_out, store, json_path, per_query, quiet, ranks, summary_format)
