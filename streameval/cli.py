@@ -684,8 +684,9 @@ def variants_cmd(store, added, overwrite):
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--label", "labels", multiple=True,
               help="Name of a run in the table and the JSON, once per RUN, in order. Default: the file names without .json.")
-@click.option("--json", "json_path", type=click.Path(), required=True,
-              help="Write the aggregate (the result JSON schema plus 'aggregate') to this file ('-' for stdout).")
+@click.option("--json", "json_path", type=click.Path(), default=None,
+              help="Also write the aggregate (the result JSON schema plus 'aggregate') to this file ('-' for stdout). "
+                   "Default: only print the table.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --json file.")
 @_summary_options
 def aggregate_cmd(runs, labels, json_path, overwrite, ranks, summary_format):
@@ -704,7 +705,7 @@ def aggregate_cmd(runs, labels, json_path, overwrite, ranks, summary_format):
         click.echo(f"warning: {warning}", err=True)
     out = aggregate(loaded)
     text = aggregate_text(out, loaded, ranks, summary_format)  # refuses --ranks past the max rank before writing
-    failure = _write_json(out, json_path, "aggregate")
+    failure = None if json_path is None else _write_json(out, json_path, "aggregate")
     click.echo(text, err=json_path == "-")
     if failure is not None:
         raise failure
