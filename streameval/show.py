@@ -368,7 +368,8 @@ def _url(file: str, folder: str) -> str:
 
 
 def _table(record: dict) -> str:
-    head = '<tr><th>rank</th><th>gallery row</th><th>pid</th><th>camera</th><th>distance</th><th class="mark">mark</th></tr>'
+    head = ('<tr><th>rank</th><th>gallery row</th><th>pid</th><th>camera</th><th>distance</th>'
+            '<th class="mark">mark</th></tr>')
     rows = [f'<tr class="entry query"><td>query</td><td>{record["query"]} (query)</td><td>{record["pid"]}</td>'
             f'<td>{record["camid"]}</td><td></td><td class="mark">query</td></tr>']
     for entry in record["top"]:
