@@ -147,6 +147,40 @@ def _options(*decorators):
     return apply
 
 
+SECTIONS = ("Metrics", "Protocol", "Open-set & verification", "Ranked lists", "Execution", "Output", "Reading")
+OTHER_SECTION = "Options"  # the command's own options (no section), --help among them
+
+
+def _section(title: str, *decorators):
+    """``_options`` whose options ``--help`` lists under the heading ``title`` (a command of class
+    ``_Sectioned``); an option already given a section by an inner group keeps it."""
+    def apply(f):
+        before = len(getattr(f, "__click_params__", ()))
+        f = _options(*decorators)(f)
+        for param in f.__click_params__[before:]:
+            if not hasattr(param, "help_section"):
+                param.help_section = title
+        return f
+    return apply
+
+
+class _Sectioned(click.Command):
+    """--help lists the options by section (``_section``; click has no option groups of its own):
+    first the command's own options under "Options", then SECTIONS in that order, then the others
+    as they come."""
+
+    def format_options(self, ctx, formatter):
+        sections: dict = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None and isinstance(param, click.Option):  # arguments are in the usage line
+                sections.setdefault(getattr(param, "help_section", OTHER_SECTION), []).append(record)
+        order = [OTHER_SECTION, *SECTIONS] + [t for t in sections if t not in SECTIONS + (OTHER_SECTION,)]
+        for title in filter(sections.__contains__, order):
+            with formatter.section(title):
+                formatter.write_dl(sections[title])
+
+
 def _result_options(defaults: bool):
     """The options that decide the numbers (METRICS.md section 5).  ``defaults``: eval's defaults;
     otherwise None, meaning "as recorded in the state" (update)."""
@@ -156,10 +190,29 @@ def _result_options(defaults: bool):
         return click.option(*names, default=default, show_default=defaults and default is not None, help=help,
                             **kwargs)
 
-    return _options(
+    metrics = _section(
+        "Metrics",
         option("--metric", type=click.Choice(METRICS),
                help="Distance." + (" Default: the store's default_metric attribute (euclidean if unset)." if defaults
                                    else "")),
+        option("--max-rank", type=click.IntRange(min=1), default=50, help="Length of the CMC curve."),
+        option("--precision", type=click.Choice(PRECISIONS), default="float32",
+               help="Precision of the distance GEMM (features are upcast per chunk)."),
+        option("--no-gom", is_flag=True, default=False,
+               help="Skip the GOM open-set metrics (closed-set metrics only, one pass)."),
+        option("--gom-norm", default="minmax",
+               help="GOM distance normalisation: minmax (global min/max, an extra pass), fixed:LO:HI "
+                    "(e.g. fixed:0:2 for cosine, one pass) or none (distances already in [0, 1])."),
+        option("--gom-bins", type=click.IntRange(min=1), default=100, help="Threshold grid size N: tau = 0, 1/N, ..., 1."),
+        option("--gom-b", type=click.IntRange(min=1), default=3000,
+               help="FR cap B: FR = min(returned, B) / B for open-set queries."),
+        option("--gom-vp", type=click.Choice(["reference", "jaccard"]), default="reference",
+               help="VP as the GOM reference code (returns capped at the last positive) or the paper's Jaccard index."),
+        option("--std-ddof", type=click.Choice(["1", "0"]), default="1",
+               help="Trials' std: 1 = sample standard deviation (MATLAB, R, pandas), 0 = numpy's default."),
+    )
+    protocol = _section(
+        "Protocol",
         option("--protocol", default="market", metavar="NAME|FILE",
                help="Who is scored against whom: a preset ('streameval protocols' lists them: market, none, "
                     "cuhk03-sgs, sysu-all, sysu-indoor, regdb, vehicleid, mars, ...) or a .toml/.json protocol file "
@@ -182,25 +235,12 @@ def _result_options(defaults: bool):
         option("--camera-rule", type=click.Choice(["same-id-same-cam", "separate-cameras"]),
                help="cuhk03-sgs: torchreid's rule (default) or open-reid's separate camera sets."),
         option("--direction", type=click.Choice(["both", "v2t", "t2v"]), help="regdb: which directions to run (default both)."),
-        option("--max-rank", type=click.IntRange(min=1), default=50, help="Length of the CMC curve."),
-        option("--precision", type=click.Choice(PRECISIONS), default="float32",
-               help="Precision of the distance GEMM (features are upcast per chunk)."),
-        option("--no-gom", is_flag=True, default=False,
-               help="Skip the GOM open-set metrics (closed-set metrics only, one pass)."),
-        option("--gom-norm", default="minmax",
-               help="GOM distance normalisation: minmax (global min/max, an extra pass), fixed:LO:HI "
-                    "(e.g. fixed:0:2 for cosine, one pass) or none (distances already in [0, 1])."),
-        option("--gom-bins", type=click.IntRange(min=1), default=100, help="Threshold grid size N: tau = 0, 1/N, ..., 1."),
-        option("--gom-b", type=click.IntRange(min=1), default=3000,
-               help="FR cap B: FR = min(returned, B) / B for open-set queries."),
-        option("--gom-vp", type=click.Choice(["reference", "jaccard"]), default="reference",
-               help="VP as the GOM reference code (returns capped at the last positive) or the paper's Jaccard index."),
-        option("--std-ddof", type=click.Choice(["1", "0"]), default="1",
-               help="Trials' std: 1 = sample standard deviation (MATLAB, R, pandas), 0 = numpy's default."),
     )
+    return _options(metrics, protocol)
 
 
-_execution_options = _options(
+_execution_options = _section(
+    "Execution",
     click.option("--query-block", type=click.IntRange(min=1), default=None,
                  help="Queries per task. Default: all queries if the memory budget allows (gallery read once)."),
     click.option("--gallery-chunk", type=click.IntRange(min=1), default=None,
@@ -227,7 +267,8 @@ _execution_options = _options(
                  help="fsspec storage option for a URL store (s3://...), repeatable, e.g. -S anon=true."),
 )
 
-_summary_options = _options(
+_summary_options = _section(
+    "Output",
     click.option("--ranks", callback=_rank_list, metavar="K[,K...]",
                  help="CMC ranks printed in the summary, e.g. 1,5,10 (the JSON keeps the whole curve). Default: "
                       "1, 5, 10, 20 and the max rank, those up to it. eval without --max-rank evaluates the CMC as "
@@ -237,7 +278,8 @@ _summary_options = _options(
                       "mINP, mAP_trapezoid in percent with 2 decimals, GOM values; mean +- std over trials."),
 )
 
-_output_options = _options(
+_output_options = _section(
+    "Output",
     click.option("--json", "json_path", type=click.Path(), default=None,
                  help="Write the full result as JSON to this file ('-' for stdout)."),
     click.option("--per-query", is_flag=True,
@@ -247,7 +289,8 @@ _output_options = _options(
 )
 
 
-_ranked_options = _options(
+_ranked_options = _section(
+    "Ranked lists",
     click.option("--ranked-list", type=click.IntRange(min=1), default=None, metavar="K",
                  help="Also write each query's top-K gallery rows in ranking order, marked positive / negative "
                       "(and junk), computed in the same pass (docs/ranked-lists.md)."),
@@ -267,7 +310,8 @@ _ranked_options = _options(
                  help="With trials: the trial whose ranked lists are written (default 0)."),
 )
 
-_open_set_options = _options(  # update: None = as in the state
+_open_set_options = _section(  # update: None = as in the state
+    "Open-set & verification",
     click.option("--open-set", is_flag=True, default=None,
                  help="Also open-set identification: DIR at FPIR targets and ranks (Liao et al.), in the same pass "
                       "(docs/open-set.md)."),
@@ -279,7 +323,8 @@ _open_set_options = _options(  # update: None = as in the state
                       "down (floor: never above x)."),
 )
 
-_verification_options = _options(  # update: None = as in the state
+_verification_options = _section(  # update: None = as in the state
+    "Open-set & verification",
     click.option("--verification", is_flag=True, default=None,
                  help="Also pair-level verification: TAR at FAR targets, achieved FAR and threshold, ROC/DET points, "
                       "over all queries' kept pairs, exact (docs/verification.md)."),
@@ -344,7 +389,8 @@ def _write_json(data: dict, json_path: str, what: str):
     return None
 
 
-_reading_options = _options(  # how convert (and eval, for an input that is not a store) reads a file
+_reading_options = _section(  # how convert (and eval, for an input that is not a store) reads a file
+    "Reading",
     click.option("--key", "keys", multiple=True, metavar="KEY=NAME",
                  help="The input's array NAME is KEY (qf, gf, q_pids, g_pids, q_camids, g_camids; dist, q_dist for "
                       "a matrix), for names not among the known ones (docs/formats.md); repeatable."),
@@ -382,7 +428,7 @@ def _finish_with_lists(result, ranked_out, label, json_path, per_query, quiet, r
                    err=json_path == "-")
 
 
-@main.command("eval")
+@main.command("eval", cls=_Sectioned)
 @click.argument("store", type=click.Path())
 @_result_options(defaults=True)
 @_execution_options
@@ -394,9 +440,10 @@ def _finish_with_lists(result, ranked_out, label, json_path, per_query, quiet, r
               help="Also save the per-query state to this directory, for 'streameval update' after appends.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --json file, --state or ranked-lists output.")
 @_reading_options
-@click.option("--convert-to", type=click.Path(), default=None, metavar="PATH",
-              help="When STORE is a file to convert: write its store here and keep it (--overwrite replaces one). "
-                   "Default: a temporary store, removed after the evaluation.")
+@_section("Reading", click.option(
+    "--convert-to", type=click.Path(), default=None, metavar="PATH",
+    help="When STORE is a file to convert: write its store here and keep it (--overwrite replaces one). "
+         "Default: a temporary store, removed after the evaluation."))
 @click.option("--query-variant", default=None, metavar="NAME",
               help="Evaluate this feature variant of the queries (e.g. corrupt-t0; docs/variants.md). Default: clean.")
 @click.option("--gallery-variant", default=None, metavar="NAME",
@@ -405,7 +452,7 @@ def eval_cmd(store, json_path, per_query, quiet, state, overwrite, ranks, summar
     """Evaluate STORE's queries against its gallery, streaming the gallery in chunks.
 
     STORE may also be a file 'streameval convert' reads (.npz, .npy or a folder of them, .mat, .h5,
-    .pt; docs/formats.md): it is converted to a store first, and a line on stderr says so.
+    .pt; docs/formats.md): it is converted to a store first, and a line on stderr says so (not with -q).
     """
     outputs.check_file(json_path, overwrite, "--json file")
     outputs.check_directory(convert_to, overwrite, "--convert-to store")
@@ -418,13 +465,13 @@ def eval_cmd(store, json_path, per_query, quiet, state, overwrite, ranks, summar
     options["std_ddof"] = int(options["std_ddof"])
     from .convert import evaluation_store
 
-    say = functools.partial(click.echo, err=True)
+    say = None if quiet else functools.partial(click.echo, err=True)  # -q: no info line, errors and warnings only
     with evaluation_store(store, convert_to=convert_to, overwrite=overwrite, state=state, say=say, **reading) as target:
         result = evaluate(target, progress=not quiet, state=state, overwrite_state=overwrite, **options)
         _finish_with_lists(result, ranked_out, store, json_path, per_query, quiet, ranks, summary_format)
 
 
-@main.command()
+@main.command(cls=_Sectioned)
 @click.argument("store", type=click.Path())
 @click.option("--state", type=click.Path(file_okay=False), required=True,
               help="The state saved by 'streameval eval --state' (or a previous update); updated in place, atomically.")
@@ -687,8 +734,9 @@ def variants_cmd(store, added, overwrite):
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--label", "labels", multiple=True,
               help="Name of a run in the table and the JSON, once per RUN, in order. Default: the file names without .json.")
-@click.option("--json", "json_path", type=click.Path(), required=True,
-              help="Write the aggregate (the result JSON schema plus 'aggregate') to this file ('-' for stdout).")
+@click.option("--json", "json_path", type=click.Path(), default=None,
+              help="Also write the aggregate (the result JSON schema plus 'aggregate') to this file ('-' for stdout). "
+                   "Default: only print the table.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --json file.")
 @_summary_options
 def aggregate_cmd(runs, labels, json_path, overwrite, ranks, summary_format):
@@ -707,13 +755,14 @@ def aggregate_cmd(runs, labels, json_path, overwrite, ranks, summary_format):
         click.echo(f"warning: {warning}", err=True)
     out = aggregate(loaded)
     text = aggregate_text(out, loaded, ranks, summary_format)  # refuses --ranks past the max rank before writing
-    failure = _write_json(out, json_path, "aggregate")
+    failure = None if json_path is None else _write_json(out, json_path, "aggregate")
     click.echo(text, err=json_path == "-")
     if failure is not None:
         raise failure
 
 
-_suite_output_options = _options(
+_suite_output_options = _section(
+    "Output",
     click.option("--json", "json_path", type=click.Path(), default=None,
                  help="Write the suite's result as JSON to this file ('-' for stdout): every evaluation's full "
                       "result, per setting the per-trial values, mean, std, sem, min, max."),
@@ -761,7 +810,7 @@ def _finish_suite(result, json_path, per_query, quiet, summary_format, per_evalu
         raise failure
 
 
-@main.command("suite")
+@main.command("suite", cls=_Sectioned)
 @click.argument("store", type=click.Path())
 @click.argument("suite")
 @click.option("--trials", type=click.IntRange(min=1), default=None,
@@ -812,7 +861,7 @@ def suite_cmd(store, suite, json_path, per_query, quiet, summary_format, per_eva
     _finish_suite(result, json_path, per_query, quiet, summary_format, per_evaluation, by_severity, plot_path)
 
 
-@main.command("suite-update")
+@main.command("suite-update", cls=_Sectioned)
 @click.argument("store", type=click.Path())
 @click.option("--state", type=click.Path(file_okay=False), required=True,
               help="The suite state saved by 'streameval suite --state' (or a previous suite-update).")

@@ -2,8 +2,8 @@
 
 One panel per kind of data, left out when no result has it, one colour per result on every panel:
 
-* CMC, in percent against the rank, the y axis from just below the lowest point plotted; with trials
-  (or an aggregate of runs) a band of +- 1 std around the mean curve;
+* CMC, in percent against the rank, the y axis from just below the lowest point plotted, never
+  above 100%; with trials (or an aggregate of runs) a band of +- 1 std around the mean curve;
 * DIR against FPIR (open-set identification, ``open_set``): one line per rank point, the FPIR targets
   on a log axis, the closed-set limit (accept everything: the CMC over Q+) marked at FPIR 1;
 * ROC (TAR against FAR, log FAR axis) and DET (FNMR = 1 - TAR against FAR, log-log) of pair-level
@@ -340,7 +340,8 @@ def _cmc_panel(ax, runs: list[Curves]) -> None:
             ax.fill_between(ranks, low, high, color=_colour(i), alpha=0.15, linewidth=0)
         lows.append(low)
         highs.append(high)
-    ax.set_ylim(*_limits(lows + highs, 100))
+    low, high = _limits(lows + highs, 100)
+    ax.set_ylim(low, min(high, 100.0))  # no CMC passes 100%, nor should its axis (a std band may)
     last = max(len(run.cmc) for run in runs if run.cmc is not None)
     ax.set_xlim(1 - 0.02 * last, last * 1.02)  # from rank 1, with room for its marker
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -91,8 +91,9 @@ def summary(result: Result, label: str = "", ranks=None) -> str:
 
 
 def _count(value) -> str:
-    """A count, or a mean count over trials."""
-    return f"{value:,}" if float(value).is_integer() else f"{value:,.1f}"
+    """A count, or a mean count over trials: whole as an int (a float 301.0 printed as 301), else
+    with one decimal."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:,.1f}"
 
 
 def _trial_line(trials: dict, ranks: list[int]) -> str:

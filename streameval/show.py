@@ -236,9 +236,9 @@ h2 { font-size: 1.05em; margin: 1.2em 0 .4em; }
 .legend span { display: inline-block; padding: 0 .5em; margin-right: .5em; border: 3px solid; }
 #broken { color: #b00; font-weight: bold; }
 #broken:empty { display: none; }
-.ranked, .positives { display: flex; flex-wrap: wrap; gap: 6px; align-items: flex-start; }
-.positives { margin-top: 6px; padding-top: 6px; border-top: 1px dashed #bbb; }
-.positives > .label { writing-mode: vertical-rl; transform: rotate(180deg); color: #555; font-size: 12px; }
+div.ranked, div.positives { display: flex; flex-wrap: wrap; gap: 6px; align-items: flex-start; }
+div.positives { margin-top: 6px; padding-top: 6px; border-top: 1px dashed #bbb; }
+div.positives > .label { writing-mode: vertical-rl; transform: rotate(180deg); color: #555; font-size: 12px; }
 figure { margin: 0; text-align: center; font-size: 11px; line-height: 1.25; width: 84px; }
 figure img, figure .noimage { display: block; height: 128px; width: 64px; object-fit: contain; margin: 0 auto;
   border: 5px solid; box-sizing: content-box; background: #f4f4f4; }
@@ -249,6 +249,7 @@ img.broken { outline: 2px dashed #b00; }
 table { border-collapse: collapse; font-size: 13px; }
 td, th { padding: 2px 8px; text-align: right; border-bottom: 1px solid #eee; }
 td.mark { text-align: left; border-left: 6px solid; }
+th.mark { text-align: left; border-left: 6px solid transparent; }
 """ + "".join(f"""
 figure.{mark} > img, figure.{mark} > .noimage, .legend .{mark} {{ border-color: {colour}; }}
 tr.{mark} td.mark {{ border-left-color: {colour}; }}""" for mark, colour in COLOURS.items())
@@ -367,7 +368,8 @@ def _url(file: str, folder: str) -> str:
 
 
 def _table(record: dict) -> str:
-    head = "<tr><th>rank</th><th>gallery row</th><th>pid</th><th>camera</th><th>distance</th><th>mark</th></tr>"
+    head = ('<tr><th>rank</th><th>gallery row</th><th>pid</th><th>camera</th><th>distance</th>'
+            '<th class="mark">mark</th></tr>')
     rows = [f'<tr class="entry query"><td>query</td><td>{record["query"]} (query)</td><td>{record["pid"]}</td>'
             f'<td>{record["camid"]}</td><td></td><td class="mark">query</td></tr>']
     for entry in record["top"]:

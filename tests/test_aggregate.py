@@ -248,6 +248,20 @@ def test_json_on_stdout_keeps_the_table_on_stderr(results, tmp_path):
     assert "mean +- std" in run.stderr
 
 
+def test_without_json_the_table_alone_is_printed_and_nothing_written(results, tmp_path):
+    files = write_all(tmp_path, results)
+    before = sorted(tmp_path.iterdir())
+    alone = cli("aggregate", *files)
+    _, out = aggregate(tmp_path, *files)
+    assert alone.stdout.splitlines()[2:5] == [
+        f"  {label:<6}  {r['n_queries']:>9,}  {100 * r['rank1']:6.2f}%  {100 * r['mAP']:6.2f}%  {100 * r['mINP']:6.2f}%"
+        for label, r in zip(("split1", "split2", "split3"), results)]
+    assert f"mAP {100 * out['mAP']:.2f}% +- {100 * out['aggregate']['std']['mAP']:.2f}%" in alone.stdout
+    assert sorted(tmp_path.iterdir()) == sorted(before + [tmp_path / "agg.json"])  # the --json run's file only
+    pasted = cli("aggregate", *files, "--format", "markdown").stdout
+    assert pasted.splitlines()[-1].startswith("| mean ± std (3 runs) | ")
+
+
 # ---------------------------------------------------------------------- open-set and verification
 
 

@@ -140,6 +140,40 @@ def test_help(command):
         assert "Options:" in result.stdout and "Traceback" not in result.output
 
 
+def help_sections(command: str) -> dict:
+    """{heading: the long names of the options listed under it}, in the order --help prints them."""
+    sections: dict = {}
+    for line in run(command, "--help").stdout.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            heading = sections.setdefault(line[:-1], [])
+        elif sections and line.startswith("  -"):
+            heading.append(next(word.strip(",") for word in line.split() if word.startswith("--")))
+    return sections
+
+
+RESULT_SECTIONS = ["Options", "Metrics", "Protocol", "Open-set & verification", "Ranked lists", "Execution", "Output"]
+
+
+@pytest.mark.parametrize("command, headings", [
+    ("eval", RESULT_SECTIONS + ["Reading"]), ("update", RESULT_SECTIONS),
+    ("suite", ["Options", "Execution", "Output"]), ("suite-update", ["Options", "Execution", "Output"])])
+def test_help_lists_the_options_by_section(command, headings):
+    sections = help_sections(command)
+    assert list(sections) == headings and all(sections.values())
+    listed = [name for names in sections.values() for name in names]
+    options = [p for p in main.commands[command].params if p.param_type_name == "option"]
+    expected = [next(n for n in p.opts + p.secondary_opts if n.startswith("--")) for p in options] + ["--help"]
+    assert sorted(listed) == sorted(expected)  # each option once, names unchanged
+    where = {name: heading for heading, names in sections.items() for name in names}
+    for name, heading in {"--max-rank": "Metrics", "--gom-bins": "Metrics", "--protocol": "Protocol",
+                          "--trials": "Protocol", "--fpir": "Open-set & verification", "--far": "Open-set & verification",
+                          "--ranked-list": "Ranked lists", "--workers": "Execution", "--json": "Output",
+                          "--ranks": "Output", "--key": "Reading", "--convert-to": "Reading",
+                          "--state": "Options", "--help": "Options"}.items():
+        if name in where and heading in headings:
+            assert where[name] == heading, name
+
+
 def test_version():
     assert "0.1.0" in run("--version").stdout
 

@@ -92,8 +92,21 @@ def test_the_cmc_axis_starts_just_below_the_lowest_point(results):
     lowest, highest = 100 * min(result["cmc"]), 100 * max(result["cmc"])
     assert lowest > 20  # the data starts far from 0 ...
     assert lowest - 0.1 * (highest - lowest) - 1 <= low < lowest  # ... and so does the axis
-    assert highest < high <= max(highest + 0.1 * (highest - lowest), highest + 1)
+    assert highest < high <= max(highest + 0.1 * (highest - lowest), highest + 1) or highest == high == 100
     assert cmc_ax.get_xlim()[0] < 1 < cmc_ax.get_xlim()[0] + 2
+
+
+def test_the_cmc_axis_stops_at_100_percent(results):
+    """A CMC reaching 100% and a std band above it: the axis ends at 100, not past it."""
+    result = json.loads(results["trials"].read_text())
+    result["trials"]["std"]["cmc"][-1] = 0.05  # the band's top: 105%
+    for name in ("full", "trials"):
+        drawn = json.loads(results[name].read_text()) if name == "full" else result
+        assert 100 * max(drawn["cmc"]) == 100.0  # the curve itself reaches 100%
+        cmc_ax = figure([curves(drawn, name)]).axes[0]
+        assert cmc_ax.get_ylim()[1] == 100.0
+    (band,) = cmc_ax.collections
+    assert band.get_paths()[0].vertices[:, 1].max() == pytest.approx(105)  # drawn, and cut by the axis
 
 
 def test_overlay_draws_one_line_per_result_in_one_colour_on_every_panel(results):

@@ -486,16 +486,58 @@ def test_eval_converts_a_file_to_a_temporary_store(tmp_path, arrays, expected, m
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     write_layumi_mat(tmp_path / "pytorch_result.mat", arrays)
-    result = cli("eval", tmp_path / "pytorch_result.mat", "--json", "-", "--per-query", "-q", "--max-rank", "10")
-    assert result.stderr.splitlines() == [
+    told = cli("eval", tmp_path / "pytorch_result.mat", "--json", "-", "--max-rank", "10")
+    assert told.stderr.splitlines()[0] == (
         f"'{tmp_path / 'pytorch_result.mat'}' is not a store: converted it to a temporary store (removed after the "
         "evaluation; --convert-to PATH keeps it); reading pytorch_result.mat (MATLAB v5, read whole): query_f -> query "
         "features, gallery_f -> gallery features, query_label -> query pids, query_cam -> query camids, gallery_label "
-        "-> gallery pids, gallery_cam -> gallery camids"]
+        "-> gallery pids, gallery_cam -> gallery camids")
+    result = cli("eval", tmp_path / "pytorch_result.mat", "--json", "-", "--per-query", "-q", "--max-rank", "10")
+    assert result.stderr == ""  # -q: not even the conversion's line
     got = json.loads(result.stdout)
     got.pop("run")
     assert got == as_json(expected["numbers"])
     assert list((tmp_path / "tmp").iterdir()) == []  # the temporary store is gone
+
+
+def layumi_figures(arrays: dict, max_rank: int) -> tuple[np.ndarray, float]:
+    """(CMC@1..max_rank, mAP) as layumi's evaluate_gpu.py computes them, in numpy: scores are dot
+    products, a same-pid row from another camera is good, a same-pid same-camera row or a pid -1
+    row is junk, the AP is the trapezoid one, and the sums are divided by every query (a query
+    without a good row adds 0)."""
+    qf, gf = arrays["query_features"].astype(np.float64), arrays["gallery_features"].astype(np.float64)
+    gp, gc = arrays["gallery_pids"], arrays["gallery_camids"]
+    cmc, ap_sum = np.zeros(len(gp)), 0.0
+    for q in range(len(qf)):
+        same_pid, same_cam = gp == arrays["query_pids"][q], gc == arrays["query_camids"][q]
+        good, junk = same_pid & ~same_cam, (same_pid & same_cam) | (gp == -1)
+        if not good.any():
+            continue
+        order = np.argsort(-(gf @ qf[q]), kind="stable")
+        rows = np.flatnonzero(good[order[~junk[order]]])  # 0-based places of the good rows, junk removed
+        cmc[rows[0]:] += 1
+        j = np.arange(len(rows))
+        before = np.where(rows == 0, 1.0, j / np.maximum(rows, 1))  # precision just before each good row
+        ap_sum += np.mean((before + (j + 1) / (rows + 1)) / 2)
+    return cmc[:max_rank] / len(qf), ap_sum / len(qf)
+
+
+def test_denominator_zero_and_the_trapezoid_ap_give_layumis_figures(tmp_path, arrays):
+    """What the README says of layumi's pytorch_result.mat: --denominator zero and mAP_trapezoid."""
+    normalised = {**arrays, "query_pids": arrays["query_pids"].copy()}
+    for name in ("query_features", "gallery_features"):
+        normalised[name] = arrays[name] / np.linalg.norm(arrays[name], axis=1, keepdims=True)
+    normalised["query_pids"][:4] = 50  # no gallery row: queries without a positive
+    write_layumi_mat(tmp_path / "pytorch_result.mat", normalised)
+    cmc, m_ap = layumi_figures(normalised, 10)
+    results = {denominator: json.loads(cli("eval", tmp_path / "pytorch_result.mat", "--denominator", denominator,
+                                            "--max-rank", "10", "--no-gom", "--json", "-", "-q").stdout)
+               for denominator in ("zero", "skip")}
+    zero, skip = results["zero"], results["skip"]
+    assert zero["n_open_queries"] >= 4 and zero["n_queries"] == NQ
+    np.testing.assert_allclose(zero["cmc"], cmc, rtol=1e-12)
+    assert zero["mAP_trapezoid"] == pytest.approx(m_ap, rel=1e-12)
+    assert skip["mAP_trapezoid"] == pytest.approx(m_ap * NQ / skip["n_valid_queries"], rel=1e-12)  # skip: over Q+
 
 
 def test_eval_keeps_a_named_store_and_evaluates_a_matrix_file(tmp_path, arrays, expected, expected_matrix):
@@ -504,7 +546,7 @@ def test_eval_keeps_a_named_store_and_evaluates_a_matrix_file(tmp_path, arrays, 
     for key, value in arrays.items():
         np.save(folder / f"{SHORT[key]}.npy", value)
     kept = tmp_path / "kept.zarr"
-    result = cli("eval", folder, "--convert-to", kept, "--json", "-", "--per-query", "-q", "--max-rank", "10")
+    result = cli("eval", folder, "--convert-to", kept, "--json", "-", "--per-query", "--max-rank", "10")
     assert result.stderr.startswith(f"'{folder}' is not a store: converted it to the store '{kept}'; reading features "
                                     "(.npy, memory-mapped): qf -> query features")
     got = json.loads(result.stdout)

@@ -104,6 +104,27 @@ def test_trials_line_follows_the_ranks(store, tmp_path):
     assert "R5" not in line and "rank5" not in line
 
 
+def test_counts_of_trials_print_as_integers_and_their_std_is_zero(store, tmp_path):
+    """vehicleid: every query of every trial has positives, so each trial counts 0 open-set queries:
+    their mean is the integer 0, printed "0", not "0.0", and the std of identical values is exactly
+    0; the queries (not in the trial's gallery) vary, so their mean has one decimal."""
+    done, result = evaluated(store, tmp_path, "--protocol", "vehicleid", "--no-gom")
+    per_trial = result["trials"]["per_trial"]
+    assert {trial["n_open_queries"] for trial in per_trial} == {0}
+    assert result["n_open_queries"] == 0 and isinstance(result["n_open_queries"], int)
+    assert result["trials"]["std"]["n_open_queries"] == 0 and result["trials"]["sem"]["n_open_queries"] == 0
+    mean = np.mean([trial["n_queries"] for trial in per_trial])
+    assert not mean.is_integer() and result["n_queries"] == mean
+    line = next(line for line in printed_table(done) if line.strip().startswith("queries"))
+    assert line.split()[:6] == ["queries", f"{mean:.1f}", "(" + f"{mean:.1f}", "with", "positives,", "0"]
+
+
+def test_a_mean_count_that_is_not_whole_has_one_decimal():
+    from streameval.report import _count
+
+    assert [_count(v) for v in (301, 301.0, 1234.0, 300.5, 1234.25)] == ["301", "301", "1,234", "300.5", "1,234.2"]
+
+
 # ------------------------------------------------------------------------------------- CSV
 
 

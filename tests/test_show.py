@@ -10,8 +10,10 @@ headless Chromium; it is skipped only when no Chromium or Chrome is installed.
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import shutil
 import subprocess
 import urllib.parse
@@ -376,3 +378,30 @@ def test_synth_eval_show_opens_in_chromium_with_every_ranked_image_loaded(stores
         drawn = (np.abs(pixels - colour).max(axis=-1) <= 2).sum()  # legend's (a thinner, shorter frame)
         frames = sum(entry["mark"] == mark for record in records for entry in record["top"])
         assert frames > 0 and drawn // FRAME_PIXELS == frames, (mark, drawn, frames)
+
+
+COLUMN_PLACES = """<script>
+addEventListener("load", () => {  // per table: the left edge and width of its header and of each row's cells
+  const edges = cells => Array.from(cells, c => [Math.round(c.getBoundingClientRect().left),
+                                                 Math.round(c.getBoundingClientRect().width)]);
+  document.body.dataset.columns = JSON.stringify(Array.from(document.querySelectorAll("table"), table => ({
+    head: edges(table.querySelectorAll("thead th")),
+    rows: Array.from(table.querySelectorAll("tbody tr"), row => edges(row.cells))})));
+});
+</script>"""
+
+
+@pytest.mark.skipif(BROWSER is None, reason="no chromium, chromium-browser or google-chrome installed")
+def test_a_tables_headers_stand_over_their_columns_in_chromium(stores, work):
+    """Without image paths: every header cell has the place and width of the cells under it."""
+    records = brute_force_records(stores / "plain.zarr", with_positives=True)[:3]
+    show(write_lines(work / "lists.jsonl", records), "--store", stores / "plain.zarr")
+    measured = work / "measured.html"  # the page, plus a script reading where the browser put each cell
+    measured.write_text((work / "lists.html").read_text(encoding="utf-8").replace("</body>", COLUMN_PLACES + "</body>"),
+                        encoding="utf-8")
+    text = browse(measured, work, "--dump-dom", "--window-size=1200,900")
+    tables = json.loads(html.unescape(re.search(r'data-columns="([^"]*)"', text).group(1)))
+    assert len(tables) == sum(1 + ("positives" in record) for record in records)  # top-k, and positives
+    for table in tables:
+        assert len(table["head"]) == 6 and table["rows"]
+        assert all(row == table["head"] for row in table["rows"])

@@ -200,6 +200,16 @@ def test_v8_spread_and_query_breakdown(store):
             assert got[key] == {"n": len(rows), "mINP": inp.mean(), "mAP": ap.mean(), "R1": (rank <= 1).mean()}
 
 
+def test_identical_values_spread_exactly_zero_and_counts_stay_integers():
+    assert np.std([0.7] * 3, ddof=1) > 0  # numpy's mean rounds, leaving a residue ...
+    same = spread([0.7] * 3, 1)
+    assert same["std"] == 0.0 and same["sem"] == 0.0 and same["min"] == same["max"] == 0.7  # ... spread's does not
+    assert spread([[0.1, 0.7], [0.1, 0.7], [0.1, 0.9]], 0)["std"][0] == 0.0  # point by point
+    counts = spread([301, 301, 301], 1)
+    assert counts["mean"] == 301 and isinstance(counts["mean"], int) and isinstance(counts["max"], int)
+    assert spread([301, 302], 1)["mean"] == 301.5
+
+
 def test_plans_presets_and_files(tmp_path):
     upstream = load_suite("cil-upstream", trials=3)
     assert len(upstream.evaluations) == 10 and len(upstream.groups()) == 7  # 1 + 3T evaluations, 1 + 2T galleries

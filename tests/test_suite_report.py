@@ -285,6 +285,35 @@ def test_the_query_side_breakdown_prints_v8_per_type(suite):
     assert latex_rows(breakdown_table(suite, "latex"))[2][5] == "20.00"
 
 
+def test_the_breakdown_names_each_corruption_as_its_variants_do(suite):
+    """Variants naming their types (attribute corruption_names) show the names, not the codes."""
+    query = suite["suite"]["breakdown"]["query"]
+    query["corruption_names"] = {"0": "gaussian_noise", "3": "shift"}
+    query["by_type_severity"] = {"3/2": {"n": 1, "mINP": 0.1, "mAP": 0.2, "R1": 0.0}}
+    rows = terminal_rows(breakdown_table(suite))
+    assert [row[:4] for row in rows[1:]] == [["query", "type", "gaussian_noise", "2"], ["query", "type", "shift", "1"],
+                                             ["query", "type, severity", "shift/2", "1"]]
+    assert [r["corruption"] for r in parsed_csv(breakdown_table(suite, "csv"))] == ["gaussian_noise", "shift",
+                                                                                    "shift/2"]
+    assert [row[2] for row in markdown_rows(breakdown_table(suite, "markdown"))[1:]] == ["gaussian_noise", "shift",
+                                                                                         "shift/2"]
+    assert latex_rows(breakdown_table(suite, "latex"))[1][2] == r"gaussian\_noise"
+
+
+def test_the_suite_command_names_the_corruptions_of_synthetic_variants(tmp_path):
+    from streameval.synth import CORRUPTIONS
+
+    names = list(CORRUPTIONS)  # a type is its index
+    store, out = tmp_path / "v.zarr", tmp_path / "suite.json"
+    cli("synth", store, "--queries", "30", "--gallery", "100", "--dim", "8", "--ids", "8", "--cams", "3",
+        "--variants", "cil-factorial", "--variant-trials", "1")
+    done = cli("suite", store, "cil-factorial", "--trials", "1", "--json", out, "--format", "csv")
+    query = json.loads(out.read_text())["suite"]["breakdown"]["query"]
+    assert query["corruption_names"] == {code: names[int(code)] for code in query["by_type"]}
+    printed = parsed_csv(done.stdout.split("\n\n")[-1])
+    assert [row["corruption"] for row in printed] == [names[int(code)] for code in query["by_type"]]
+
+
 def test_a_suite_without_breakdown_says_so():
     with pytest.raises(OptionError, match="no per-corruption breakdown"):
         breakdown_table(suite_result(breakdown=False))

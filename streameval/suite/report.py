@@ -110,8 +110,10 @@ def breakdown_table(suite: dict, fmt: str = "table", columns=None) -> str:
     if not suite.get("breakdown"):
         raise OptionError("the suite result has no per-corruption breakdown (its query variants carry no "
                           "corruption_type)")
-    groups = [(side, grouping, entries) for side, found in suite["breakdown"].items()
-              for grouping, entries in found.items() if isinstance(entries, dict)]  # by_type, by_type_severity
+    groups = [(side, grouping, {_corruption(key, found.get("corruption_names")): entry
+                                for key, entry in entries.items()})
+              for side, found in suite["breakdown"].items()
+              for grouping, entries in found.items() if grouping.startswith("by_")]  # by_type, by_type_severity
     present = {key for _, _, entries in groups for entry in entries.values() for key in entry}
     metrics = [m for m in _metrics(suite, columns) if m in present]
     if fmt == "csv":
@@ -124,6 +126,13 @@ def breakdown_table(suite: dict, fmt: str = "table", columns=None) -> str:
     cols = [_TextColumn(header, (key,), escape=escape) for header, key in (("By", "by"), ("Corruption", "corruption"),
                                                                             ("n", "n"))]
     return _render(rows, cols + [_metric_column(m) for m in metrics], fmt, "Side")
+
+
+def _corruption(key: str, names: dict | None) -> str:
+    """A breakdown key ("3", or "3/2" by type and severity) with its type by name when the variants
+    name their types (``corruption_names``): "fog", "fog/2"."""
+    code, *severity = key.split("/")
+    return "/".join([(names or {}).get(code, code), *severity])
 
 
 def _by(grouping: str) -> str:

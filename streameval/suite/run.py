@@ -180,7 +180,14 @@ def suite_result(store: Store, settings: Settings, suite: Suite, by_pair: dict, 
 
 
 def _query_columns(store: Store, settings: Settings, name: str) -> dict:
-    """The query variant's per-row corruption types and severities (``variant_columns``; none for clean)."""
-    from ..store.variants import CLEAN, variant_columns
+    """The query variant's per-row corruption types and severities (``variant_columns``; none for
+    clean) and the names of its types when its attributes give them (``corruption_names``: a type
+    is its index into that list)."""
+    from ..store.variants import CLEAN, variant_attrs, variant_columns
 
-    return {} if name == CLEAN else variant_columns(store, store_set(settings.protocol, "query"), name)
+    if name == CLEAN:
+        return {}
+    set_name = store_set(settings.protocol, "query")
+    names = variant_attrs(store, set_name, name).get("corruption_names")
+    named = isinstance(names, list) and all(isinstance(n, str) for n in names)
+    return {**variant_columns(store, set_name, name), "corruption_names": names if named else None}

@@ -70,7 +70,18 @@ def query_breakdown(suite: Suite, results: list, columns: dict) -> dict | None:
     if (severity >= 0).all():
         pairs = np.unique(np.stack([kind, severity], axis=1), axis=0)
         out["by_type_severity"] = {f"{c}/{v}": metrics_of((kind == c) & (severity == v)) for c, v in pairs}
-    return {"query": {**out, "evaluations": [ev.name for ev, _ in picked]}}
+    names = _corruption_names([columns[ev.query] for ev, _ in picked], np.unique(kind))
+    return {"query": {**out, "corruption_names": names, "evaluations": [ev.name for ev, _ in picked]}}
+
+
+def _corruption_names(columns: list[dict], types: np.ndarray) -> dict | None:
+    """{type code: its name} for the pooled ``types`` when every pooled variant names its types alike
+    (attribute ``corruption_names``, a type its index); None otherwise: the codes are all there is."""
+    lists = {tuple(c["corruption_names"]) if c.get("corruption_names") is not None else None for c in columns}
+    names = lists.pop() if len(lists) == 1 else None
+    if names is None or any(not 0 <= c < len(names) for c in types):
+        return None
+    return {str(int(c)): names[c] for c in types}
 
 
 def suite_section(suite: Suite, results: list, execution: dict, columns: dict, per_query: bool = False) -> dict:
