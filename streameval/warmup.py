@@ -1,0 +1,109 @@
+"""Compiling the kernels a run needs before it runs, so that its passes time only their work.
+
+numba compiles a kernel for each combination of argument types it is called with (working
+precision, the statistics an evaluation counts, their options), the first time it meets it; the
+result goes to numba's on-disk cache (``kernels._versioned_cache``), from which later processes
+load it in milliseconds.  A first run would compile in the middle of its passes, its progress bar
+standing still.  Instead ``rehearse`` first evaluates a tiny in-memory problem shaped like the
+real one (``tiny_store``: the same stored dtype, dimension and kind of store, ids that give every
+kind of row the protocol knows) with the run's own settings: every specialisation the real passes
+call is compiled or loaded there, which the run books as its phase "compiling kernels".  Nothing
+here names a kernel or a signature: the rehearsal runs the same code as the real run.
+
+Routes chosen by size (verification's tail, bands or two-pass refinement; see ``verification``)
+follow the settings, which carry the real run's sizes, but a route that depends on the data may
+still compile later: the runner books that too (``evaluate.Runner``).  ``warm_up`` (``streameval
+warmup``) rehearses a set of common option sets into the cache after an install.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from .errors import StreamevalError
+
+TINY_IDENTITIES = 3  # identities with queries and gallery rows on every camera
+GALLERY_SHOTS = 2  # gallery rows per identity and camera (trials draw among them)
+TINY_CHUNK = 16  # gallery rows per chunk: two chunks, so two chains of tasks run and their states merge
+DEFAULT_CAMERAS = (1, 2, 3)
+OPEN_PID, DISTRACTOR_PID = 1001, 1002  # a query identity absent from the gallery; gallery rows of no query
+
+
+_rehearsed: set = set()  # what this process rehearsed already: its kernels are in memory
+
+
+def rehearse(store, settings) -> bool:
+    """Evaluate a tiny problem shaped like ``store`` with ``settings`` (one direction, as the
+    session runs it): every kernel the real run calls is compiled or loaded from numba's cache.
+    False when the rehearsal cannot run for these settings (then the passes compile, and say so)."""
+    from .evaluate import Execution, Phases, Runner, make_result, run_plan, score_all
+
+    key = (settings, store.kind, store.gallery.values.dtype, store.query.values is None)
+    if key in _rehearsed:
+        return True
+    try:
+        tiny_settings = replace(settings, protocol=_without_tables(settings.protocol))
+        tiny = tiny_store(store, tiny_settings.protocol)
+        execution = Execution(query_block=len(tiny.query), gallery_chunk=TINY_CHUNK)
+        runner = Runner(None, run_plan(tiny, tiny_settings, execution, workers=2), Phases(), None)
+        placed, state, read, meta, verified = score_all(tiny, tiny_settings, runner)
+        make_result(tiny, placed, state, runner, read, 1, meta, verification=verified)
+    except StreamevalError:  # e.g. a memory check that the tiny problem's plan does not pass
+        return False
+    _rehearsed.add(key)
+    return True
+
+
+def _without_tables(protocol):
+    """The protocol with official trial tables (sized for the real store) replaced by draws: the
+    trial bits have the same type either way."""
+    trials = protocol.trials
+    if trials is None or trials.source != "official":
+        return protocol
+    return replace(protocol, trials=replace(trials, source="draw", path=None))
+
+
+def tiny_store(store, protocol):
+    """An in-memory store like ``store`` (stored dtype, dimension; or a distance store of its kind):
+    ``TINY_IDENTITIES`` identities queried from every query camera with ``GALLERY_SHOTS`` gallery
+    rows on every gallery camera, a query absent from the gallery (open-set), gallery rows of no
+    query and of a junk pid."""
+    import zarr.storage
+
+    from .store import write_store
+    from .store.distances import write_distance_store
+
+    q_cams, g_cams = _cameras(protocol)
+    ids = range(1, TINY_IDENTITIES + 1)
+    q_pids = [pid for pid in ids for _ in q_cams] + [OPEN_PID]
+    q_camids = [cam for _ in ids for cam in q_cams] + [q_cams[0]]
+    others = [DISTRACTOR_PID, *protocol.junk_pids[:1]]
+    g_pids = [pid for pid in [*ids, *others] for _ in g_cams for _ in range(GALLERY_SHOTS)]
+    g_camids = [cam for _ in [*ids, *others] for cam in g_cams for _ in range(GALLERY_SHOTS)]
+    rng = np.random.default_rng(0)
+    target = zarr.storage.MemoryStore()
+    if store.holds_distances:
+        dtype = store.gallery.distances.dtype
+        query_distances = None if store.query.distances is None else rng.random((len(q_pids),) * 2).astype(dtype)
+        return write_distance_store(target, rng.random((len(q_pids), len(g_pids))).astype(dtype), q_pids, q_camids,
+                                    g_pids, g_camids, kind=store.kind, query_distances=query_distances,
+                                    chunk_rows=TINY_CHUNK)
+    dtype = store.query.features.dtype
+    features = [rng.standard_normal((len(pids), store.dim)).astype(dtype) for pids in (q_pids, g_pids)]
+    return write_store(target, features[0], q_pids, q_camids, features[1], g_pids, g_camids, dtype=str(dtype),
+                       chunk_rows=TINY_CHUNK, default_metric=store.default_metric)
+
+
+def _cameras(protocol) -> tuple:
+    """(query cameras, gallery cameras) of the tiny problem: those the protocol allows, among the
+    cameras it names anywhere (or a few)."""
+    named = set(protocol.query_cameras or ()) | set(protocol.gallery_cameras or ())
+    for relation in (protocol.x_same, protocol.x_any):
+        named |= {cam for pair in relation.pairs for cam in pair}
+    if protocol.trials is not None:
+        named |= set(protocol.trials.cameras)
+    named = tuple(sorted(named)) or DEFAULT_CAMERAS
+    return tuple(protocol.query_cameras or named), tuple(protocol.gallery_cameras or named)
