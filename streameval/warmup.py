@@ -12,14 +12,18 @@ here names a kernel or a signature: the rehearsal runs the same code as the real
 
 Routes chosen by size (verification's tail, bands or two-pass refinement; see ``verification``)
 follow the settings, which carry the real run's sizes, but a route that depends on the data may
-still compile later: the runner books that too (``evaluate.Runner``).  ``warm_up`` (``streameval
-warmup``) rehearses a set of common option sets into the cache after an install.
+still compile later: the runner books that too (``evaluate.Runner``).
+
+``warm_up`` (``streameval warmup``) evaluates a tiny problem with each of a few option sets
+(``COMMON_RUNS`` by default), so that after an install even the first evaluation loads its kernels
+from the cache.  Which metric does not matter (it is a number the kernels read at run time), nor
+does the stored dtype (features are upcast to the working precision before any kernel sees them).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -30,6 +34,52 @@ GALLERY_SHOTS = 2  # gallery rows per identity and camera (trials draw among the
 TINY_CHUNK = 16  # gallery rows per chunk: two chunks, so two chains of tasks run and their states merge
 DEFAULT_CAMERAS = (1, 2, 3)
 OPEN_PID, DISTRACTOR_PID = 1001, 1002  # a query identity absent from the gallery; gallery rows of no query
+WARMUP_DIM = 64  # features of the problem ``warm_up`` evaluates (any dimension compiles the same kernels)
+COMMON_RUNS = (  # what ``streameval warmup`` compiles without options: (as eval's options, evaluate keywords)
+    ("(default)", {}),
+    ("--no-gom", {"no_gom": True}),
+    ("--open-set --verification", {"open_set": True, "verification": True}),
+)
+
+
+@dataclass(frozen=True)
+class Warmed:
+    """What ``warm_up`` did for one option set: kernel specialisations compiled and loaded from
+    numba's cache (top-level and nested ones alike), the names of the kernels, and the time."""
+
+    label: str
+    compiled: int
+    loaded: int
+    kernels: tuple
+    seconds: float
+
+
+def warm_up(option_sets=COMMON_RUNS) -> list:
+    """Evaluate a tiny problem with each (label, evaluate keywords) of ``option_sets``: its kernels
+    are compiled into numba's on-disk cache (``cache_folder``).  A list of :class:`Warmed`."""
+    from .evaluate import evaluate
+    from .protocols import resolve
+
+    template = tiny_store(resolve("market"), dim=WARMUP_DIM)
+    done = []
+    for label, options in option_sets:
+        before, started = _cache_counts(), time.perf_counter()
+        evaluate(template, workers=2, **options)
+        seconds = time.perf_counter() - started
+        new = {kernel: [now - then for now, then in zip(counts, before.get(kernel, (0, 0)))]
+               for kernel, counts in _cache_counts().items()}
+        done.append(Warmed(label, sum(c for c, _ in new.values()), sum(h for _, h in new.values()),
+                           tuple(sorted(k.py_func.__name__ for k, (c, _) in new.items() if c)), seconds))
+    return done
+
+
+def cache_folder() -> str:
+    """Where numba keeps the compiled kernels (``kernels._versioned_cache``)."""
+    import numba
+
+    from . import kernels  # noqa: F401  (sets the folder)
+
+    return numba.config.CACHE_DIR
 
 
 _rehearsed: set = set()  # what this process rehearsed already: its kernels are in memory
@@ -41,12 +91,13 @@ def rehearse(store, settings) -> bool:
     False when the rehearsal cannot run for these settings (then the passes compile, and say so)."""
     from .evaluate import Execution, Phases, Runner, make_result, run_plan, score_all
 
-    key = (settings, store.kind, store.gallery.values.dtype, store.query.values is None)
+    shape = shape_of(store)
+    key = (settings, *shape.items())
     if key in _rehearsed:
         return True
     try:
         tiny_settings = replace(settings, protocol=_without_tables(settings.protocol))
-        tiny = tiny_store(store, tiny_settings.protocol)
+        tiny = tiny_store(tiny_settings.protocol, **shape)
         execution = Execution(query_block=len(tiny.query), gallery_chunk=TINY_CHUNK)
         runner = Runner(None, run_plan(tiny, tiny_settings, execution, workers=2), Phases(), None)
         placed, state, read, meta, verified = score_all(tiny, tiny_settings, runner)
@@ -66,11 +117,20 @@ def _without_tables(protocol):
     return replace(protocol, trials=replace(trials, source="draw", path=None))
 
 
-def tiny_store(store, protocol):
-    """An in-memory store like ``store`` (stored dtype, dimension; or a distance store of its kind):
-    ``TINY_IDENTITIES`` identities queried from every query camera with ``GALLERY_SHOTS`` gallery
-    rows on every gallery camera, a query absent from the gallery (open-set), gallery rows of no
-    query and of a junk pid."""
+def shape_of(store) -> dict:
+    """What ``tiny_store`` copies of a store: its kind, stored dtype and dimension, whether a
+    distance store has query x query distances, its default metric."""
+    if store.holds_distances:
+        return {"kind": store.kind, "dtype": store.gallery.distances.dtype,
+                "query_distances": store.query.distances is not None}
+    return {"dtype": store.query.features.dtype, "dim": store.dim, "default_metric": store.default_metric}
+
+
+def tiny_store(protocol, kind: str = "features", dtype=np.float32, dim: int = 0, query_distances: bool = False,
+               default_metric: str = "euclidean"):
+    """An in-memory store (``shape_of`` a real one) with ``TINY_IDENTITIES`` identities queried from
+    every query camera of ``protocol`` and ``GALLERY_SHOTS`` gallery rows on every gallery camera,
+    a query absent from the gallery (open-set), gallery rows of no query and of a junk pid."""
     import zarr.storage
 
     from .store import write_store
@@ -85,16 +145,13 @@ def tiny_store(store, protocol):
     g_camids = [cam for _ in [*ids, *others] for cam in g_cams for _ in range(GALLERY_SHOTS)]
     rng = np.random.default_rng(0)
     target = zarr.storage.MemoryStore()
-    if store.holds_distances:
-        dtype = store.gallery.distances.dtype
-        query_distances = None if store.query.distances is None else rng.random((len(q_pids),) * 2).astype(dtype)
+    if kind != "features":
+        q_by_q = rng.random((len(q_pids),) * 2).astype(dtype) if query_distances else None
         return write_distance_store(target, rng.random((len(q_pids), len(g_pids))).astype(dtype), q_pids, q_camids,
-                                    g_pids, g_camids, kind=store.kind, query_distances=query_distances,
-                                    chunk_rows=TINY_CHUNK)
-    dtype = store.query.features.dtype
-    features = [rng.standard_normal((len(pids), store.dim)).astype(dtype) for pids in (q_pids, g_pids)]
-    return write_store(target, features[0], q_pids, q_camids, features[1], g_pids, g_camids, dtype=str(dtype),
-                       chunk_rows=TINY_CHUNK, default_metric=store.default_metric)
+                                    g_pids, g_camids, kind=kind, query_distances=q_by_q, chunk_rows=TINY_CHUNK)
+    features = [rng.standard_normal((len(pids), dim)).astype(dtype) for pids in (q_pids, g_pids)]
+    return write_store(target, features[0], q_pids, q_camids, features[1], g_pids, g_camids,
+                       dtype=str(np.dtype(dtype)), chunk_rows=TINY_CHUNK, default_metric=default_metric)
 
 
 def _cameras(protocol) -> tuple:
@@ -107,3 +164,22 @@ def _cameras(protocol) -> tuple:
         named |= set(protocol.trials.cameras)
     named = tuple(sorted(named)) or DEFAULT_CAMERAS
     return tuple(protocol.query_cameras or named), tuple(protocol.gallery_cameras or named)
+
+
+
+
+def _cache_counts() -> dict:
+    """Every streameval kernel (numba dispatcher) imported so far -> (specialisations compiled,
+    loaded from the cache) in this process."""
+    import sys
+
+    from numba.core.dispatcher import Dispatcher
+
+    counts = {}
+    for name, module in list(sys.modules.items()):
+        if name.startswith("streameval.") and module is not None:
+            for value in vars(module).values():
+                if isinstance(value, Dispatcher) and value.py_func.__module__ == name:
+                    stats = value.stats
+                    counts[value] = (sum(stats.cache_misses.values()), sum(stats.cache_hits.values()))
+    return counts
