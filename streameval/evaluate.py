@@ -248,10 +248,9 @@ class Runner:
             if self.bar is not None:
                 self.bar.start(started)
         with compile_timer() as compiling, compile_watch(self.bar):
-            try:
-                return self._run(built, keys)
-            finally:
-                self.compiled += compiling.seconds
+            done = self._run(built, keys)
+        self.compiled += compiling.seconds  # (the timer adds up as its block ends)
+        return done
 
     def _run(self, built, keys: list):
         if self.client is None:

@@ -89,6 +89,7 @@ def rehearse(store, settings) -> bool:
     """Evaluate a tiny problem shaped like ``store`` with ``settings`` (one direction, as the
     session runs it): every kernel the real run calls is compiled or loaded from numba's cache.
     False when the rehearsal cannot run for these settings (then the passes compile, and say so)."""
+    from .bands import eligible
     from .evaluate import Execution, Phases, Runner, make_result, run_plan, score_all
 
     shape = shape_of(store)
@@ -100,6 +101,8 @@ def rehearse(store, settings) -> bool:
         tiny = tiny_store(tiny_settings.protocol, **shape)
         execution = Execution(query_block=len(tiny.query), gallery_chunk=TINY_CHUNK)
         runner = Runner(None, run_plan(tiny, tiny_settings, execution, workers=2), Phases(), None)
+        if eligible(tiny_settings):  # the two-pass route's refinement, where the real run's bands miss
+            score_all(tiny, tiny_settings, runner, bands=False)
         placed, state, read, meta, verified = score_all(tiny, tiny_settings, runner)
         make_result(tiny, placed, state, runner, read, 1, meta, verification=verified)
     except StreamevalError:  # e.g. a memory check that the tiny problem's plan does not pass

@@ -178,3 +178,23 @@ def test_numba_caches_in_the_package_else_in_the_users_cache_folder(tmp_path, mo
     assert kernels._cache_root(package, "") == tmp_path / "cache" / "streameval"  # a read-only install
     monkeypatch.setattr(os, "access", lambda path, mode: False)
     assert kernels._cache_root(package, "") is None  # numba's own choice
+
+
+def test_what_numba_compiles_during_the_passes_is_booked_as_compiling_not_as_passes():
+    import numba
+    from dask import delayed
+
+    from streameval.evaluate import Runner
+    from streameval.plan import Plan
+    from streameval.progress import Phases
+
+    @numba.njit
+    def first_call(x):  # what a route the rehearsal did not take would compile
+        return x * 2
+
+    runner = Runner(None, Plan(query_block=1, gallery_chunk=1, workers=1), Phases(), None)
+    assert runner.compute(delayed(first_call)(21)) == 42
+    runner.close(completed=True)
+    phases = runner.phases.seconds
+    assert list(phases) == ["setup", "passes", COMPILING] and phases[COMPILING] > 0
+    assert phases[COMPILING] > phases["passes"]  # the compile took longer than the call
