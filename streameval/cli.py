@@ -72,6 +72,7 @@ def main():
 
     \b
     Typical session:
+      streameval warmup                 (once after installing: compiles the kernels)
       streameval synth demo.zarr --queries 3368 --gallery 19732 --dim 2048
       streameval eval demo.zarr --json result.json
       streameval plot result.json result.png

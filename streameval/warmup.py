@@ -54,23 +54,22 @@ class Warmed:
     seconds: float
 
 
-def warm_up(option_sets=COMMON_RUNS) -> list:
+def warm_up(option_sets=COMMON_RUNS):
     """Evaluate a tiny problem with each (label, evaluate keywords) of ``option_sets``: its kernels
-    are compiled into numba's on-disk cache (``cache_folder``).  A list of :class:`Warmed`."""
+    are compiled into numba's on-disk cache (``cache_folder``).  Yields a :class:`Warmed` as each
+    is done."""
     from .evaluate import evaluate
     from .protocols import resolve
 
     template = tiny_store(resolve("market"), dim=WARMUP_DIM)
-    done = []
     for label, options in option_sets:
         before, started = _cache_counts(), time.perf_counter()
         evaluate(template, workers=2, **options)
         seconds = time.perf_counter() - started
         new = {kernel: [now - then for now, then in zip(counts, before.get(kernel, (0, 0)))]
                for kernel, counts in _cache_counts().items()}
-        done.append(Warmed(label, sum(c for c, _ in new.values()), sum(h for _, h in new.values()),
-                           tuple(sorted(k.py_func.__name__ for k, (c, _) in new.items() if c)), seconds))
-    return done
+        yield Warmed(label, sum(c for c, _ in new.values()), sum(h for _, h in new.values()),
+                     tuple(sorted(k.py_func.__name__ for k, (c, _) in new.items() if c)), seconds)
 
 
 def cache_folder() -> str:
