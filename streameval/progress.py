@@ -101,8 +101,9 @@ class Phases:
 
 @contextmanager
 def compile_watch(bar):
-    """While numba compiles or loads a kernel in the block, ``bar`` (if any) says "compiling kernels"
-    (``Bar.compiles``): the bar would otherwise stand still on the pass under way."""
+    """While numba compiles a kernel in the block (loading one from its cache takes milliseconds),
+    ``bar`` (if any) says "compiling kernels" (``Bar.compiles``): the bar would otherwise stand still
+    on the pass under way."""
     if bar is None:
         yield
         return
@@ -217,6 +218,7 @@ class Bar:
         self.weights: dict = {}  # key -> (pass, work) of keys not finished yet
         self.base_fraction, self.base_done = 0.0, 0
         self.compiles = 0  # numba compiles under way during the passes (``compile_watch``)
+        self._drawing = threading.Lock()  # a compile in a worker thread redraws too
 
     def start(self, now: float) -> None:
         self.started = now
@@ -315,11 +317,13 @@ class Bar:
     def _show(self) -> None:
         if self.started is None:
             return
-        elapsed = self.clock() - self.started
-        done, left = self.work_done, self.work_total - self.work_done
-        rate_known = done > 0 and done >= ETA_AFTER * self.work_total  # the first tasks alone are too few to tell
-        eta = left * elapsed / done if rate_known else None  # the work left at the rate so far
-        self.reporter.show(self.percent, self.under_way(), elapsed, eta)
+        with self._drawing:
+            elapsed = self.clock() - self.started
+            done, left = self.work_done, self.work_total - self.work_done
+            # the first tasks alone are too few to tell the rate
+            rate_known = done > 0 and done >= ETA_AFTER * self.work_total
+            eta = left * elapsed / done if rate_known else None  # the work left at the rate so far
+            self.reporter.show(self.percent, self.under_way(), elapsed, eta)
 
 
 class ThreadedProgress(Callback):
