@@ -27,8 +27,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .errors import StreamevalError
-
 TINY_IDENTITIES = 3  # identities with queries and gallery rows on every camera
 GALLERY_SHOTS = 2  # gallery rows per identity and camera (trials draw among them)
 TINY_CHUNK = 16  # gallery rows per chunk: two chunks, so two chains of tasks run and their states merge
@@ -104,8 +102,8 @@ def rehearse(store, settings) -> bool:
             score_all(tiny, tiny_settings, runner, bands=False)
         placed, state, read, meta, verified = score_all(tiny, tiny_settings, runner)
         make_result(tiny, placed, state, runner, read, 1, meta, verification=verified)
-    except StreamevalError:  # e.g. a memory check that the tiny problem's plan does not pass
-        return False
+    except Exception:  # e.g. a memory check the tiny plan fails: the rehearsal decides no number, and what
+        return False  # it could not compile the passes compile (booked as compiling all the same)
     _rehearsed.add(key)
     return True
 

@@ -198,3 +198,17 @@ def test_what_numba_compiles_during_the_passes_is_booked_as_compiling_not_as_pas
     phases = runner.phases.seconds
     assert list(phases) == ["setup", "passes", COMPILING] and phases[COMPILING] > 0
     assert phases[COMPILING] > phases["passes"]  # the compile took longer than the call
+
+
+def test_a_run_whose_rehearsal_cannot_run_evaluates_all_the_same(store_path, monkeypatch):
+    expected = streameval.evaluate(store_path, no_gom=True)
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("no tiny problem here")
+
+    monkeypatch.setattr(warmup, "tiny_store", fails)
+    monkeypatch.setattr(warmup, "_rehearsed", set())
+    assert warmup.rehearse(streameval.open_store(store_path), None) is False
+    result = streameval.evaluate(store_path, no_gom=True)
+    assert result.mAP == expected.mAP and np.array_equal(result.cmc, expected.cmc)
+    assert list(result.run["phases"])[:3] == ["setup", COMPILING, "passes"]
