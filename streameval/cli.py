@@ -654,7 +654,8 @@ def warmup(**options):
     even the first evaluation starts at once (numba compiles each kernel the first time a run calls
     it: ~10-40 s).
 
-    Without options: the common runs (the default evaluation, --no-gom, --open-set --verification).
+    Without options: the common runs (the default evaluation, --no-gom, --open-set --verification
+    with and without --auc).
     With eval's options: the kernels of an evaluation with those options.  Which metric and which
     stored dtype do not matter.
     """

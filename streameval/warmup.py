@@ -37,6 +37,7 @@ COMMON_RUNS = (  # what ``streameval warmup`` compiles without options: (as eval
     ("(default)", {}),
     ("--no-gom", {"no_gom": True}),
     ("--open-set --verification", {"open_set": True, "verification": True}),
+    ("--open-set --verification --auc", {"open_set": True, "verification": True, "auc": True}),
 )
 
 
