@@ -1,5 +1,5 @@
 """Command line: ``streameval eval | update | append | synth | convert | validate | plot | show | aggregate |
-protocols``.
+protocols | warmup``.
 
 Errors in the input end as one line on stderr and a non-zero exit code (2: bad option,
 3: bad store or data, 4: cluster), never as a traceback.  Every output path is checked before any
@@ -72,6 +72,7 @@ def main():
 
     \b
     Typical session:
+      streameval warmup                 (once after installing: compiles the kernels)
       streameval synth demo.zarr --queries 3368 --gallery 19732 --dim 2048
       streameval eval demo.zarr --json result.json
       streameval plot result.json result.png
@@ -692,6 +693,38 @@ def show_cmd(result, store, out, png, queries, image_root, overwrite):
     click.echo(f"wrote {facts['page']}: {show.plural(facts['queries'], 'query', 'queries')}, {drawn}")
     if png is not None:
         click.echo(f"wrote {show.plural(facts['queries'], 'PNG grid', 'PNG grids')} to {png}")
+
+
+@main.command()
+@_result_options(defaults=True)
+@_open_set_options
+@_verification_options
+def warmup(**options):
+    """Compile the evaluation kernels into numba's cache, once after installing streameval, so that
+    even the first evaluation starts at once (numba compiles each kernel the first time a run calls
+    it: ~10-40 s).
+
+    Without options: the common runs (the default evaluation, --no-gom, --open-set --verification
+    with and without --auc).
+    With eval's options: the kernels of an evaluation with those options.  Which metric and which
+    stored dtype do not matter.
+    """
+    from .warmup import COMMON_RUNS, cache_folder, warm_up
+
+    ctx = click.get_current_context()
+    given = {param.name: (param.opts[0], options[param.name]) for param in ctx.command.params
+             if ctx.get_parameter_source(param.name) != click.core.ParameterSource.DEFAULT}
+    label = " ".join(flag if value is True else f"{flag} {value}" for flag, value in given.values())
+    given = {name: int(value) if name == "std_ddof" else value for name, (_, value) in given.items()}
+    runs = [(label, given)] if given else COMMON_RUNS
+    click.echo(f"numba cache: {cache_folder()}")
+    total = 0.0
+    for done in warm_up(runs):
+        total += done.seconds
+        kernels = f": {', '.join(done.kernels)}" if done.kernels else ""
+        click.echo(f"  {done.label}: compiled {done.compiled}, loaded {done.loaded} from the cache, in "
+                   f"{done.seconds:.2f} s{kernels}")
+    click.echo(f"warmed up in {total:.2f} s: evaluations with these options load their kernels from the cache")
 
 
 @main.command()

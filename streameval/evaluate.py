@@ -24,7 +24,8 @@ from .errors import OptionError
 from .gom import GomOptions
 from .outputs import check_folder
 from .plan import DEFAULT_MEMORY_BUDGET, check_state_memory, make_plan, parse_bytes
-from .progress import Bar, Phases, Reporter, ThreadedProgress, compile_timer, compute_distributed
+from .progress import (COMPILING, Bar, Phases, Reporter, ThreadedProgress, compile_timer, compile_watch,
+                       compute_distributed)
 from .protocol import Rules
 from .protocols.record import Protocol
 from .state import Positives, QueryState
@@ -219,12 +220,25 @@ EXECUTION_DEFAULTS = {  # where and in which chunks to run: the keywords evaluat
 class Runner:
     """A connected session: the chunk plan, and the graphs of a run computed on the chosen scheduler
     under one progress bar (``bar``, None without progress).  The run's time is split in ``phases``:
-    "setup" until the first compute, then "passes" (the bar's time) until ``close``."""
+    "setup", "compiling kernels" (``compile_kernels``), then "passes" (the bar's time) from the first
+    compute until ``close``, less what numba still compiled meanwhile (``compiled``: also booked as
+    "compiling kernels", the bar says "compiling kernels" while it happens)."""
 
     def __init__(self, client, plan, phases: Phases, bar: Bar | None):
         self.client, self.plan, self.phases, self.bar = client, plan, phases, bar
         self.where = client.scheduler.address if client else "threads"
         self.running = False
+        self.compiled = 0.0
+
+    def compile_kernels(self, store: Store, settings: Settings) -> None:
+        """Compile (or load from numba's cache) every kernel the run will call, before its passes,
+        by a rehearsal on a tiny problem (``warmup.rehearse``): a phase of its own."""
+        from .warmup import rehearse
+
+        self.phases.lap("setup")
+        with self.bar.compiling() if self.bar is not None else nullcontext():
+            rehearse(store, settings)
+        self.phases.lap(COMPILING)
 
     def expect(self, pass_name: str, work: int) -> None:
         """Announce the work of a pass a later compute will run (``Bar.expect``)."""
@@ -239,6 +253,12 @@ class Runner:
             started = self.phases.lap("setup")
             if self.bar is not None:
                 self.bar.start(started)
+        with compile_timer() as compiling, compile_watch(self.bar):
+            done = self._run(built, keys)
+        self.compiled += compiling.seconds  # (the timer adds up as its block ends)
+        return done
+
+    def _run(self, built, keys: list):
         if self.client is None:
             watch = ThreadedProgress(self.bar) if self.bar is not None else nullcontext()
             try:
@@ -254,7 +274,8 @@ class Runner:
     def close(self, completed: bool) -> None:
         """End the phase under way: the passes (and the bar: its 100% line if ``completed``), or the
         setup if nothing was computed."""
-        now = self.phases.lap("passes" if self.running else "setup")
+        now = self.phases.lap("passes" if self.running else "setup",
+                              carved={COMPILING: self.compiled} if self.compiled else None)
         if self.bar is not None and self.running:
             if completed:
                 self.bar.close(now)
@@ -264,14 +285,16 @@ class Runner:
 
 @contextmanager
 def session(store: Store, settings: Settings, execution: Execution, phases: Phases, label: str = "streameval"):
-    """Connect (checked, see ``cluster.connect``) and plan the chunks; yield a :class:`Runner` whose
-    progress bar is labelled ``label``.  Closing a cluster we connected to is a phase of its own."""
+    """Connect (checked, see ``cluster.connect``), plan the chunks and compile the kernels; yield a
+    :class:`Runner` whose progress bar is labelled ``label``.  Closing a cluster we connected to is a
+    phase of its own."""
     with connect(execution.cluster, store) as client:
         client = client or _active_client()
         workers = execution.workers or (sum(client.nthreads().values()) if client else os.cpu_count() or 1)
         runner = Runner(client, run_plan(store, settings, execution, workers), phases,
                         _progress_bar(execution.progress, label))
         try:
+            runner.compile_kernels(store, settings)
             yield runner
         except BaseException:
             runner.close(completed=False)
@@ -379,10 +402,8 @@ def evaluate(
     and ranks ``dir_ranks`` (default 1, 5, 10, 20), k rounded as ``fpir_rounding`` ("round": half
     up, as Liao; or "floor") (docs/open-set.md).
     """
-    from .bands import place as place_bands
     from .openset import request as open_set_request
     from .ranked import request
-    from .verification import report as verification_report
     from .verification import request as verification_request
 
     phases = Phases()
@@ -415,11 +436,8 @@ def evaluate(
         check_folder(state, "state directory")
         check_writable(state, overwrite_state)
     with session(store, settings, execution, phases) as runner:
-        meta = gallery_metadata(store, settings)
-        if state is None:  # a saved state keeps the two-pass route's arrays
-            settings = place_bands(store, settings, runner, meta)
-        query_state, read, meta = full_state(store, settings, runner, meta)
-        verified = verification_report(store, settings, query_state, runner, meta)
+        # a saved state keeps the two-pass route's arrays: no bands
+        settings, query_state, read, meta, verified = score_all(store, settings, runner, bands=state is None)
     if state is not None:
         from .statestore import save_state
 
@@ -476,24 +494,32 @@ def oriented(store: Store, protocol) -> Store:
 def _both_directions(store: Store, settings: Settings, execution: Execution, phases: Phases) -> metrics.Result:
     """Each direction evaluated on its own; the first one's result (timed from the start, ``phases``)
     holds both under ``directions``."""
-    from .bands import place as place_bands
-    from .verification import report as verification_report
-
     results = {}
     for direction in settings.protocol.directions:
         one = replace(settings, protocol=replace(settings.protocol, directions=(direction,)))
         swapped = oriented(store, one.protocol)
         with session(swapped, one, execution, phases if not results else Phases()) as runner:
-            meta = gallery_metadata(swapped, one)
-            one = place_bands(swapped, one, runner, meta)
-            query_state, read, meta = full_state(swapped, one, runner, meta)
-            verified = verification_report(swapped, one, query_state, runner, meta)
+            one, query_state, read, meta, verified = score_all(swapped, one, runner)
         results[direction] = make_result(swapped, one, query_state, runner, read,
                                          len(swapped.query) * query_state.gallery_rows, meta, verification=verified)
     first = results[settings.protocol.directions[0]]
     # each direction's per-query arrays too (the JSON shows them with --per-query, as the top level's)
     first.directions = {name: result.to_dict(per_query=True) for name, result in results.items()}
     return first
+
+
+def score_all(store: Store, settings: Settings, runner: Runner, bands: bool = True):
+    """Every pass of a one-direction evaluation on ``runner``: (the settings with verification's
+    bands placed if ``bands``, the query state, the bytes read, the metadata, the verification
+    section or None)."""
+    from .bands import place as place_bands
+    from .verification import report as verification_report
+
+    meta = gallery_metadata(store, settings)
+    if bands:
+        settings = place_bands(store, settings, runner, meta)
+    query_state, read, meta = full_state(store, settings, runner, meta)
+    return settings, query_state, read, meta, verification_report(store, settings, query_state, runner, meta)
 
 
 def gallery_metadata(store: Store, settings: Settings) -> graph.Metadata:
@@ -527,7 +553,7 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner: Run
     """Per-query values, closed-set and GOM aggregates of ``state`` per trial, their means when
     there are several, and how the run went: ``pairs`` scored, ``bytes_read``, any other
     ``run_facts``, and the time of each phase of ``runner.phases``, this one ("metrics") included,
-    with numba's compiling or loading of the metric kernels (outside the progress bar) named apart.
+    with numba's compiling or loading of kernels the rehearsal did not meet named apart.
     With ranked lists, the lists of the queries ``selection`` (a ``ranked.Selection``) names;
     ``verification``: the section ``verification.report`` made while the session was open."""
     from . import openset, trials
@@ -542,7 +568,7 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner: Run
         found, extras = trials.entries(state, settings, q_bits, q_cam, meta, norms)
         values, block = trials.headline(found, settings.max_rank, settings.std_ddof)
         open_set = None if settings.open_set is None else openset.finalise(state, settings, q_bits)
-    runner.phases.lap("metrics", carved={"compiling kernels": compiling.seconds} if compiling.seconds else None)
+    runner.phases.lap("metrics", carved={COMPILING: compiling.seconds} if compiling.seconds else None)
     ranked_lists = None
     if settings.ranked is not None:
         from .ranked import finalise

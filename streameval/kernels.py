@@ -54,15 +54,27 @@ def _versioned_cache() -> None:
     of other modules (this one's into ``statistics/``): after one of those changes alone - a ``git
     pull`` into an editable install - a cached caller would keep the old helper and give wrong
     numbers without a word.  A changed source now means a new folder, so every kernel is compiled
-    afresh.  (A tree that cannot be written keeps numba's own choice; a user's NUMBA_CACHE_DIR is
-    kept, with the folder inside it.)"""
+    afresh.  The folder is in NUMBA_CACHE_DIR when the user set it, else in the package's
+    __pycache__, else - an install whose package folder cannot be written - in the user's cache
+    folder (``_cache_root``); with none writable, numba's own choice is kept."""
     package = Path(__file__).resolve().parent
     digest = hashlib.blake2b(digest_size=8)
     for source in sorted([package / "kernels.py", package / "draws.py", *(package / "statistics").glob("*.py")]):
         digest.update(source.name.encode() + source.read_bytes())
-    root = Path(nb.config.CACHE_DIR) if nb.config.CACHE_DIR else package / "__pycache__"
-    if os.access(root if root.exists() else package, os.W_OK):
+    root = _cache_root(package, nb.config.CACHE_DIR)
+    if root is not None:
         nb.config.CACHE_DIR = str(root / f"numba-{digest.hexdigest()}")
+
+
+def _cache_root(package: Path, user_choice: str) -> Path | None:
+    """The first writable of: the user's NUMBA_CACHE_DIR (``user_choice``; then only it), the
+    package's __pycache__, ``$XDG_CACHE_HOME/streameval`` (default ``~/.cache/streameval``)."""
+    user_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "streameval"
+    for root in [Path(user_choice)] if user_choice else [package / "__pycache__", user_cache]:
+        existing = next(folder for folder in (root, *root.parents) if folder.exists())
+        if os.access(existing, os.W_OK):
+            return root
+    return None
 
 
 _versioned_cache()  # before any kernel below or in statistics/ is decorated

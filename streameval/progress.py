@@ -29,6 +29,8 @@ from contextlib import contextmanager, suppress
 from dask.callbacks import Callback
 
 PASSES = ("positives", "range", "pilot", "scoring", "rescoring", "refinement", "settling")  # in the order they run
+COMPILING = "compiling kernels"  # the phase, and what the bar says, while numba compiles or loads kernels
+TICK_S = 0.5  # how often the bar's clock is redrawn while kernels compile (no task finishes meanwhile)
 BAR_WIDTH = 30
 LOG_STEP = 10  # percent between lines in non-interactive output
 REDRAW_S = 0.1  # a live bar redraws at most this often
@@ -98,6 +100,29 @@ class Phases:
 
 
 @contextmanager
+def compile_watch(bar):
+    """While numba compiles a kernel in the block (loading one from its cache takes milliseconds),
+    ``bar`` (if any) says "compiling kernels" (``Bar.compiles``): the bar would otherwise stand still
+    on the pass under way."""
+    if bar is None:
+        yield
+        return
+    from numba.core import event
+
+    class Counting(event.Listener):  # a compile nests the compiles of what it calls
+        def on_start(self, _):
+            bar.compiles += 1
+            bar.redraw()
+
+        def on_end(self, _):
+            bar.compiles -= 1
+            bar.redraw()
+
+    with event.install_listener("numba:compile", Counting()):
+        yield
+
+
+@contextmanager
 def compile_timer():
     """Seconds numba spends compiling or loading cached kernels in the block (``timer.seconds``)."""
     from numba.core import event
@@ -137,6 +162,11 @@ class Reporter:
             self._last_logged = percent - percent % LOG_STEP
             eta_text = f", eta {duration(eta)}" if eta is not None else ""
             self._write(f"{self.label}: {percent}% {passes}, {elapsed:.1f} s{eta_text}\n")
+
+    def restart(self) -> None:
+        """Draw the next call to ``show`` whatever it says (a new clock starts: the passes')."""
+        self._last_logged = -LOG_STEP
+        self._last_drawn = -REDRAW_S
 
     def note(self, percent: int, text: str) -> None:
         """A line of its own (a live bar is redrawn below it)."""
@@ -187,9 +217,35 @@ class Bar:
         self.done: dict[str, int] = {}
         self.weights: dict = {}  # key -> (pass, work) of keys not finished yet
         self.base_fraction, self.base_done = 0.0, 0
+        self.compiles = 0  # numba compiles under way during the passes (``compile_watch``)
+        self._drawing = threading.Lock()  # a compile in a worker thread redraws too
 
     def start(self, now: float) -> None:
         self.started = now
+        self._show()
+
+    @contextmanager
+    def compiling(self):
+        """Before the passes: the bar says "compiling kernels" at 0%, its clock redrawn every TICK_S."""
+        started, done = self.clock(), threading.Event()
+
+        def tick():
+            while True:
+                self.reporter.show(0, COMPILING, self.clock() - started, None)
+                if done.wait(TICK_S):
+                    return
+
+        ticker = threading.Thread(target=tick, name="streameval-compiling", daemon=True)
+        ticker.start()
+        try:
+            yield
+        finally:
+            done.set()
+            ticker.join()
+            self.reporter.restart()
+
+    def redraw(self) -> None:
+        """Draw again (what is under way changed, no work was done)."""
         self._show()
 
     def expect(self, pass_name: str, work: int) -> None:
@@ -246,7 +302,10 @@ class Bar:
         return min(99, int(100 * self.fraction))
 
     def under_way(self) -> str:
-        """The passes with work done and work left, or else the next one (or else the last)."""
+        """The passes with work done and work left, or else the next one (or else the last); or
+        "compiling kernels" while numba compiles."""
+        if self.compiles > 0:
+            return COMPILING
         left = [p for p in PASSES if self.done.get(p, 0) < self.total.get(p, 0) + self.expected.get(p, 0)]
         begun = [p for p in left if self.done.get(p, 0) > 0]
         return ", ".join(begun or left[:1] or [p for p in PASSES if p in self.total][-1:])
@@ -258,11 +317,13 @@ class Bar:
     def _show(self) -> None:
         if self.started is None:
             return
-        elapsed = self.clock() - self.started
-        done, left = self.work_done, self.work_total - self.work_done
-        rate_known = done > 0 and done >= ETA_AFTER * self.work_total  # the first tasks alone are too few to tell
-        eta = left * elapsed / done if rate_known else None  # the work left at the rate so far
-        self.reporter.show(self.percent, self.under_way(), elapsed, eta)
+        with self._drawing:
+            elapsed = self.clock() - self.started
+            done, left = self.work_done, self.work_total - self.work_done
+            # the first tasks alone are too few to tell the rate
+            rate_known = done > 0 and done >= ETA_AFTER * self.work_total
+            eta = left * elapsed / done if rate_known else None  # the work left at the rate so far
+            self.reporter.show(self.percent, self.under_way(), elapsed, eta)
 
 
 class ThreadedProgress(Callback):
