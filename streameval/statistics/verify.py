@@ -183,7 +183,7 @@ def _compacted(dst, a, na, b, nb, core):
     needed = core - counts[1]
     if counts[3] + min(max(needed, 0), counts[2]) > dst.shape[0] - 1:
         return False
-    kept, needed = _keep(dst, 0, a, na, bound, needed)
+    kept, needed = _keep(dst, np.int64(0), a, na, bound, needed)
     kept, needed = _keep(dst, kept, b, nb, bound, needed)
     dst[0, COUNT] = kept
     dst[0, BOUND] = bound
@@ -197,7 +197,8 @@ def _add(entries, core, d, w, g, q):
     """Append an entry to a tail (compacting a full one first); return the tail's new bound."""
     n = np.int64(entries[0, COUNT])
     if n == entries.shape[0] - 1:
-        if not _compacted(entries, entries, n, entries, 0, core) or entries[0, COUNT] == n:
+        # an int64 zero: a literal 0 would make numba compile every helper below a second time
+        if not _compacted(entries, entries, n, entries, np.int64(0), core) or entries[0, COUNT] == n:
             entries[0, OVERFLOW] = 1.0  # near-ties at U fill the buffer: unusable
             return -np.inf
         n = np.int64(entries[0, COUNT])
