@@ -17,10 +17,10 @@ import sys
 import textwrap
 
 HEAVY = ("numba", "zarr", "dask", "distributed", "matplotlib")
-ENTRY_POINTS = ("kernels.row_terms", "kernels.pair_distances", "kernels.distance_range", "statistics.block.slotted_negatives",
+ENTRY_POINTS = ("kernels.row_terms", "kernels.pair_distances", "kernels.distance_range",
                 "statistics.slots.update_slots", "statistics.gom_hist.update_hist", "kernels.rank_summaries",
                 "kernels.gom_curves")
-WORKING_PRECISION = ENTRY_POINTS[:6]  # kernels with an argument in the working precision
+WORKING_PRECISION = ENTRY_POINTS[:5]  # kernels with an argument in the working precision
 
 
 def run_python(code: str, *args: str) -> str:
