@@ -23,7 +23,6 @@ _LAZY = {  # public name -> module that defines it
 }
 
 __all__ = [*_LAZY, "StreamevalError", "StoreError", "OptionError"]
-__version__ = "0.1.0"
 
 
 class _Package(types.ModuleType):
@@ -40,12 +39,17 @@ sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str):
-    if name not in _LAZY:
+    if name == "__version__":
+        from importlib.metadata import version
+
+        value = version(__name__)  # stated once, in pyproject.toml; the installed metadata carries it
+    elif name in _LAZY:
+        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    else:
         raise AttributeError(f"module 'streameval' has no attribute {name!r}")
-    value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
     globals()[name] = value  # later lookups skip this function
     return value
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | {"__version__"})

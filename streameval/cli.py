@@ -255,7 +255,9 @@ _execution_options = _section(
     click.option("--scheduler-file", type=click.Path(), default=None,
                  help="Run on the Dask cluster whose scheduler wrote this file (dask scheduler --scheduler-file)."),
     click.option("--cluster", type=click.Choice(["local"]), default=None,
-                 help="Start a LocalCluster of worker processes for this run."),
+                 help="Start a LocalCluster of worker processes for this run. This, --scheduler and --scheduler-file "
+                      "need the distributed extra (pip install distributed; in the streameval clone: "
+                      ".venv/bin/pip install -e '.[distributed]')."),
     click.option("--n-workers", type=click.IntRange(min=1), default=None, help="LocalCluster worker processes."),
     click.option("--threads-per-worker", type=click.IntRange(min=1), default=None,
                  help="LocalCluster threads per worker."),
@@ -648,12 +650,14 @@ def plot(files, out, labels, overwrite):
     A panel with no data in any result (GOM skipped, no open-set query, no trials) is left out.
     Suite results (streameval suite --json) are drawn together, as one figure of mAP, mINP and R1
     per setting: the mean with +- 1 std error bars, each trial a dot (docs/suites.md).
-    Needs matplotlib: in the streameval clone, .venv/bin/pip install -e '.[plot]' (scripts/demo does).
+    Needs matplotlib, the plot extra: pip install matplotlib (in the streameval clone,
+    .venv/bin/pip install -e '.[plot]'; scripts/demo does).
     """
     from . import plot as plot_mod  # light: matplotlib is imported when drawing
 
     results, out, labels = plot_mod.arguments(files, out, labels)
     outputs.check_file(out, overwrite, "plot file")
+    plot_mod.require_matplotlib("streameval plot")
     plot_mod.plot_results(results, out, labels)
     click.echo(f"wrote {out}")
 
@@ -815,6 +819,16 @@ _suite_output_options = _section(
 )
 
 
+def _check_suite_outputs(json_path, plot_path, overwrite) -> None:
+    """Before the suite runs: its outputs can be written, and a --plot drawn (matplotlib is installed)."""
+    for path, what in ((json_path, "--json file"), (plot_path, "--plot image")):
+        outputs.check_file(path, overwrite, what)
+    if plot_path:
+        from .plot import require_matplotlib
+
+        require_matplotlib("--plot")
+
+
 def _finish_suite(result, json_path, per_query, quiet, summary_format, per_evaluation, by_severity, plot_path) -> None:
     """Write the suite's JSON and plot, then print its table (to stderr when the JSON goes to stdout)."""
     from .suite.report import breakdown_table, per_evaluation_table, suite_table, summary_lines
@@ -879,8 +893,7 @@ def suite_cmd(store, suite, json_path, per_query, quiet, summary_format, per_eva
     STORE holds the variants (docs/variants.md; 'streameval synth --variants' makes a demo).  Each
     evaluation's numbers equal a separate 'streameval eval' of its pair.
     """
-    for path, what in ((json_path, "--json file"), (plot_path, "--plot image")):
-        outputs.check_file(path, overwrite, what)
+    _check_suite_outputs(json_path, plot_path, overwrite)
     from .suite.plan import load_suite
     from .suite.run import run_suite
 
@@ -904,8 +917,7 @@ def suite_update_cmd(store, state, json_path, per_query, quiet, summary_format, 
                      overwrite, **options):
     """Score only the gallery rows appended to every gallery variant of STORE since the suite's
     --state was saved, and report the suite (equal to a full 'streameval suite')."""
-    for path, what in ((json_path, "--json file"), (plot_path, "--plot image")):
-        outputs.check_file(path, overwrite, what)
+    _check_suite_outputs(json_path, plot_path, overwrite)
     from .suite.state import update_suite
 
     result = update_suite(store, state, progress=not quiet, **options)

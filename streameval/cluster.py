@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .errors import OptionError, StreamevalError
+from .extras import require_extra
 
 PIN_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
 CONNECT_TIMEOUT_S = 15
@@ -53,12 +54,8 @@ class ClusterOptions:
 
 
 def _import_distributed():
-    try:
-        import distributed
-    except ImportError:
-        raise ClusterError("running on a Dask cluster needs dask.distributed: in the streameval clone, run "
-                           ".venv/bin/pip install -e '.[distributed]'") from None
-    return distributed
+    return require_extra("distributed", package="distributed", extra="distributed",
+                         purpose="running on a Dask cluster", error=ClusterError)
 
 
 @contextmanager

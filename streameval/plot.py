@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import OptionError, StoreError, one_line
+from .extras import require_extra
 from .suite.report import setting_order, title
 
 IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".eps", ".tif", ".tiff")
@@ -227,6 +228,11 @@ def _number(value) -> float | None:
 
 
 # ---------------------------------------------------------------------------------- drawing
+
+
+def require_matplotlib(purpose: str) -> None:
+    """Before any work: matplotlib, which draws (the plot extra), is installed, else one OptionError."""
+    require_extra("matplotlib", package="matplotlib", extra="plot", purpose=purpose, error=OptionError)
 
 
 def plot_suite(result: dict, out: str, label: str | None = None) -> None:

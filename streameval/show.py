@@ -28,6 +28,7 @@ import os
 import urllib.parse
 
 from .errors import OptionError, StoreError
+from .extras import require_extra
 
 MARKS = ("positive", "negative", "junk")
 COLOURS = {"positive": "#1a9850", "negative": "#d73027", "junk": "#9e9e9e", "query": "#2b2b2b"}
@@ -450,14 +451,10 @@ def _image(file: str | None):
 
 
 def _pyplot():
-    try:
-        import matplotlib
+    matplotlib = require_extra("matplotlib", package="matplotlib", extra="plot", purpose="--png", error=OptionError)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise OptionError("--png needs matplotlib: in the streameval clone, run .venv/bin/pip install -e '.[plot]'") \
-            from None
     return plt
 
 

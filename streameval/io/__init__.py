@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import OptionError, StoreError
+from ..extras import require_extra
 
 FEATURE_KEYS = {"qf": "query_features", "gf": "gallery_features", "q_pids": "query_pids",
                 "g_pids": "gallery_pids", "q_camids": "query_camids", "g_camids": "gallery_camids"}
@@ -277,9 +278,5 @@ def _module(name: str):
 
 
 def require(module: str, package: str, path: str):
-    """Import an optional library a format needs, or one StoreError naming the package to install."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise StoreError(f"reading '{path}' needs {package}, which is not installed: pip install {package} "
-                         "(in the streameval clone: .venv/bin/pip install -e '.[io]')") from None
+    """Import an optional library a format needs (the io extra), or one StoreError naming the package to install."""
+    return require_extra(module, package=package, extra="io", purpose=f"reading '{path}'", error=StoreError)
