@@ -108,7 +108,8 @@ def test_warmup_compiles_into_the_cache_and_says_what(warmed):
 def test_an_evaluation_after_warmup_loads_every_kernel_from_the_cache(warmed, store_path):
     cache, _ = warmed
     run = evaluate_in_fresh_process(store_path, cache, no_gom=True, metric="cosine")  # the metric does not matter
-    assert run["compiled"] == 0 and run["loaded"] >= 5 and run["compiled_outside"] == []
+    # row_terms, pair_distances, update_slots (slotted_negatives within it), rank_summaries
+    assert run["compiled"] == 0 and run["loaded"] >= 4 and run["compiled_outside"] == []
     assert run["phases"]["compiling kernels"] < 10  # loading: milliseconds each (a loaded machine: generous)
 
 
