@@ -74,7 +74,8 @@ def check_outside_checkout(folder: str, repo: str) -> None:
     folder, repo = os.path.realpath(folder), os.path.realpath(repo)
     if os.path.commonpath([folder, repo]) != repo:
         return
-    ignored = subprocess.run(["git", "-C", repo, "check-ignore", "-q", folder]).returncode == 0
+    # a folder's path with a slash: ignore patterns of folders ("/out/") match it even before it exists
+    ignored = subprocess.run(["git", "-C", repo, "check-ignore", "-q", folder + os.sep]).returncode == 0
     if not ignored:
         die(f"--workdir {folder} lies in the checkout and git does not ignore it: REV's checkout and venv would "
             "show as untracked files; choose a folder outside it or an ignored one such as out/", 2)
