@@ -157,6 +157,9 @@ def parse_args(argv=None):
             "  .venv/bin/python scripts/bench.py --metric cosine --dtype float16 --json bench.json\n"
             "  .venv/bin/python scripts/bench.py --scaling           # 10,000 queries x 20k / 200k / 2M gallery\n"
             "  .venv/bin/python scripts/bench.py --protocols         # market vs cuhk03-sgs vs SYSU-like trials\n"
+            "  .venv/bin/python scripts/bench.py --noise hard --size 3368x19732x2048   # the weak model only\n"
+            "  .venv/bin/python scripts/bench.py --against HEAD~1 --repeat 3   # vs the commit before, interleaved\n"
+            "  .venv/bin/python scripts/bench.py --against d00fc36 --size 500x5000x64 --methods se-closed,floor\n"
             "\n"
             "Stores are created under --workdir, named after their parameters, and reused when a\n"
             "store with the same parameters is already there (a side file records them)."
@@ -177,7 +180,7 @@ def parse_args(argv=None):
     p.add_argument("--against", metavar="REV", default=None,
                    help="also time the same problems on git revision REV (a commit, tag, branch, HEAD~1...), side by "
                         "side with the working tree, interleaved; REV's checkout and venv are made under --workdir and "
-                        "reused (see 'against' above).  Methods: default %s; of them, floor (and classic, update) "
+                        "reused (see --against above).  Methods: default %s; of them, floor (and classic, update) "
                         "run on the working tree only" % AGAINST_METHODS)
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32",
                    help="stored feature dtype (default: float32); every method computes in float32")
@@ -201,8 +204,8 @@ def parse_args(argv=None):
                    help="--protocols: seconds a classic Python loop (classic-cuhk03, classic-sysu) may run; "
                         "beyond it the loop stops and its time is extrapolated linearly (default: 600)")
     p.add_argument("--methods", default=None,
-                   help="comma-separated subset of %s (default: all; with --protocols: of %s)"
-                        % (",".join(METHODS), ",".join(PROTOCOL_METHODS)))
+                   help="comma-separated subset of %s (default: all; with --against: %s; with --protocols: of %s)"
+                        % (",".join(METHODS), AGAINST_METHODS, ",".join(PROTOCOL_METHODS)))
     p.add_argument("--repeat", type=int, default=1,
                    help="runs per method, best kept; with --against the runs of both sides alternate (default: 1)")
     p.add_argument("--seed", type=int, default=0, help="synthesis seed (default: 0)")
@@ -219,7 +222,8 @@ def parse_args(argv=None):
                    help="threads for the classic argsort (default: 1, a single np.argsort call as "
                         "torchreid/fast-reid do; >1 splits the rows over threads)")
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "streameval-bench"),
-                   help="where stores are created and reused (default: %(default)s)")
+                   help="where stores (and --against's checkouts and venvs, rev-COMMIT/) are created and reused; "
+                        "not a folder of the checkout that git would show (default: %(default)s)")
     p.add_argument("--json", metavar="OUT", default=None, help="also write the results as JSON to OUT")
     # internal: one method in a child process
     p.add_argument("--_run", choices=[m for m in METHODS if m != "process"] + ["classic-process", "transcribe",

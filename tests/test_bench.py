@@ -177,3 +177,36 @@ def test_transcribed_rows_are_the_same_rows(tmp_path):
             a, b = getattr(getattr(source, set_name), field), getattr(getattr(copy, set_name), field)
             assert a.dtype == b.dtype
             np.testing.assert_array_equal(a[:], b[:])
+
+
+def test_against_table(capsys):
+    """A row per method and per process, cold and warm: each side's best and median, HEAD/REV, the
+    scoring passes over the floor's GEMM where a side has phases, and the processes' runs."""
+    def child(times, passes=None):
+        return {"time_s": min(times), "times_s": times, "metrics": metrics(0.5), "warmup": "warmed",
+                "phases": passes and {"setup": 0.1, "passes": passes}}
+
+    def process(times):
+        return {"time_s": min(times), "times_s": times}
+
+    results = {
+        "se-closed": {"HEAD": child([2.0, 1.0, 3.0], passes=0.9), "REV": child([4.0, 2.0, 5.0])},
+        "floor": {"HEAD": dict(child([0.8, 0.9, 0.7]), detail={"gemm": 0.6})},
+        "process": {name: {side: {"cold": process([9.0, 8.0, 7.0]), "warm": process([3.0, 2.0, 1.0])}
+                           for side in ("HEAD", "REV")} for name in ("cli-closed", "cli")},
+    }
+    rev = bench_against.Revision("d00fc36" + "0" * 33, "subject", "folder", "python", "made", {})
+    args = bench.parse_args(["--size", "10x20x4", "--repeat", "3"])
+    record = bench_against.report_against((10, 20, 4, 2), 1.0, {"HEAD": ("h.zarr", "made"), "REV": ("r.zarr", "made")},
+                                          results, args, rev)
+    out = capsys.readouterr().out
+    rows = {line.split()[0] + (" " + line.split()[1] if line.startswith("cli") else ""): line.split()
+            for line in out.splitlines() if line.startswith(("se-closed ", "floor ", "cli"))}
+    assert rows["se-closed"][1:] == ["1.000", "2.000", "2.000", "4.000", "0.50x", "1.50", "-"]
+    assert rows["floor"][1:] == ["0.700", "0.800", "-", "-", "-", "-", "-"]
+    assert rows["cli-closed cold"][2:] == ["7.000", "8.000", "7.000", "8.000", "1.00x", "-", "-"]
+    assert rows["cli warm"][2:] == ["1.000", "2.000", "1.000", "2.000", "1.00x", "-", "-"]
+    assert "  cli warm runs (s): HEAD 3.000 2.000 1.000; REV 3.000 2.000 1.000" in out
+    assert [row["method"] for row in record["rows"]] == ["se-closed", "floor", "cli-closed cold", "cli-closed warm",
+                                                        "cli cold", "cli warm"]
+    assert record["rows"][0]["passes_over_gemm"] == {"HEAD": pytest.approx(1.5), "REV": None}
