@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Benchmark streameval against the bare distance floor and the classic full-matrix evaluator.
 
-These methods are timed side by side on the same synthetic store (``streameval.synth``):
+These methods are timed side by side on the same synthetic store (``streameval.synth``), for each
+problem: every ``--size`` at every ``--noise`` (below):
 
   streameval  ``streameval.evaluate(store, metric=...)`` with default options: closed-set metrics and
               GOM with ``minmax`` normalisation (two passes over the gallery).  The numba JIT is
@@ -27,14 +28,50 @@ These methods are timed side by side on the same synthetic store (``streameval.s
               compiled (numba, cached like torchreid's Cython) per-query loop mirroring torchreid's
               ``eval_market1501``.
   process     what a user waits for: whole processes, timed from spawn to exit (Python start-up,
-              imports, numba's cache load and interpreter exit included; page cache warm; one
-              untimed warm-up run first, so numba's caches exist):
+              imports, numba's cache and interpreter exit included; page cache warm):
                 cli-closed       ``streameval eval STORE --no-gom -q --metric M``
                 cli              ``streameval eval STORE -q --metric M`` (default GOM, minmax)
                 classic-process  the classic evaluator above as a script: one evaluation, then exit
-              with its own peak RSS, next to the in-process times of se-closed, streameval and
-              classic, and the speed-up over the classic process.  Also a start-up line (once):
-              ``streameval --help`` and ``python -c "import streameval"``.
+              each streameval process twice per round: "cold" with numba's cache empty (a fresh
+              NUMBA_CACHE_DIR: streameval makes its versioned cache folder inside it, so every kernel
+              the run needs is compiled: what a first run after an install or an upgrade costs),
+              then "warm" with the cache that cold run left (every later run); the classic process
+              after one untimed warm-up run.  With its own peak RSS, next to the in-process times of
+              se-closed, streameval and classic, and the speed-up (warm) over the classic process.
+              Also a start-up line (once): ``streameval --help`` and ``python -c "import streameval"``.
+
+Problems (``--noise``, default ``easy,hard``): each size is synthesised at each noise, synth's
+``noise`` scaling the per-image noise against the identity signal.  ``easy`` (1) is synth's default
+model (Market size: rank-1 ~95%, mAP ~83%); ``hard`` (``streameval.synth.NOISE_HARD``) a weak one
+(Market size: mAP ~53%, a query's last positive ~570 rows deep at the median, beyond ~2,600 for a
+tenth of the queries), where the statistics carry many more positives and ranks.  Each problem's
+table opens with how hard it is: mAP, rank-1 and mINP of the first streameval method, and the rank
+of the queries' last positives (median, 90th percentile, deepest: a query's positives over its INP).
+
+What the columns say, besides the best wall time and peak RSS:
+
+  x floor       the method's time over the floor's (read + GEMM + norms).
+  passes/GEMM   the method's scoring passes over the floor's GEMM alone: the passes are the phase
+                "passes" of the result's ``run["phases"]`` (evaluate's phases, also in ``--json``
+                and the CLI summary: the time from the first graph computed to the last, i.e. every
+                pass over the gallery, without set-up and the metrics' final step), the GEMM the
+                floor's "gemm" breakdown over the same chunk plan.  So the goal "scoring passes
+                <= 1.3x the GEMM" reads off the column; minmax GOM (streameval, se-all) makes two
+                passes over the gallery, each with its own GEMM, so its figure compares with 2 x 1.3.
+
+``--against REV`` (scripts/bench_against.py) times the same problems on another git revision, side
+by side with the working tree (HEAD in the table; REV the revision), in the same run: REV's tree is
+exported into ``WORKDIR/rev-<commit>/src`` and installed with its dependencies into its own venv
+beside it (both reused while the commit is the same); REV's children run this script's child code
+with that venv's python, so both sides are timed the same way.  REV evaluates the working tree's
+store if it reads it, else the same rows written into a store of its own by its ``write_store``.
+Methods (default ``streameval,se-fixed,se-closed,floor,process``): the streameval variants and the
+CLI processes (cold and warm) run on both sides, in ``--repeat`` rounds of (HEAD, REV) so a busy
+machine's drift affects both alike; floor (and classic, update if asked) on the working tree only.
+The table shows per method each side's best and median time, HEAD/REV (best over best: below 1 is
+faster than REV) and passes/GEMM of each side (REV's where its results have phases), then checks
+that both sides gave the same mAP, rank-1, mINP and valid queries on the same rows: a difference
+is printed loudly, on stderr too, and the bench exits 1.
 
 ``--protocols`` is a separate mode (issue 11): the protocol machinery, at Market-1501 size by default,
 each method without GOM so that only the protocol differs.  ``T`` = ``--trials`` (default 10):
@@ -57,7 +94,7 @@ linearly from the queries (or trials) done, which the table says.
 
 Each other method runs in a fresh child process (``bench.py --_run METHOD ...``), so its peak RSS is
 its own.  Their timings exclude process start, imports and JIT warm-up; the best of ``--repeat`` runs
-is kept (for ``process`` too).
+is kept (for ``process`` too); with --against each side's runs are shown too.
 """
 
 from __future__ import annotations
@@ -73,6 +110,8 @@ import tempfile
 import time
 from collections import defaultdict
 
+from bench_against import (REV, prepare_revision, print_revision, report_against, revision_store, run_against,
+                           transcribe_child)
 from bench_suite import SUITE_CHILDREN, SUITE_METHODS, SUITE_SIZE, run_child_method, run_suite_mode
 
 METHODS = ("streameval", "se-fixed", "se-closed", "se-osv", "se-all", "floor", "update", "classic", "process")
@@ -82,6 +121,9 @@ OPEN_SET_VERIFICATION = {"open_set": True, "verification": True}  # DIR@FPIR and
 GOAL_OSV_COST = 1.2  # open-set + verification cost at most this much over the same evaluation without them
 PROCESSES = {  # whole-process command -> the in-process method doing the same work
     "cli-closed": "se-closed", "cli": "streameval", "classic-process": "classic"}
+COLD_AND_WARM = ("cli-closed", "cli")  # the processes timed with numba's cache empty and filled
+HEAD = "HEAD"  # the side of the working tree (--against adds REV's)
+AGAINST_METHODS = "streameval,se-fixed,se-closed,floor,process"
 DEFAULT_SIZES = ("3368x19732x2048", "10000x50000x256")
 SCALING_SIZES = ("10000x20000x256:2000", "10000x200000x256:2000", "10000x2000000x256:2000")  # gallery x1, x10, x100
 SCALING_METHODS = "streameval,se-fixed,se-closed,floor"  # the classic evaluator cannot hold 10,000 x 2,000,000
@@ -115,6 +157,9 @@ def parse_args(argv=None):
             "  .venv/bin/python scripts/bench.py --metric cosine --dtype float16 --json bench.json\n"
             "  .venv/bin/python scripts/bench.py --scaling           # 10,000 queries x 20k / 200k / 2M gallery\n"
             "  .venv/bin/python scripts/bench.py --protocols         # market vs cuhk03-sgs vs SYSU-like trials\n"
+            "  .venv/bin/python scripts/bench.py --noise hard --size 3368x19732x2048   # the weak model only\n"
+            "  .venv/bin/python scripts/bench.py --against HEAD~1 --repeat 3   # vs the commit before, interleaved\n"
+            "  .venv/bin/python scripts/bench.py --against d00fc36 --size 500x5000x64 --methods se-closed,floor\n"
             "\n"
             "Stores are created under --workdir, named after their parameters, and reused when a\n"
             "store with the same parameters is already there (a side file records them)."
@@ -127,6 +172,16 @@ def parse_args(argv=None):
                    help="identities, for sizes given without ':IDS' (default: 750 for 3368x19732x2048, "
                         "2000 for 10000x50000x256, else NQ // 5)")
     p.add_argument("--cams", type=int, default=6, help="cameras (default: 6)")
+    p.add_argument("--noise", default=None, metavar="LIST",
+                   help="the problems at each size, by synth's noise (a weaker model for more noise): comma-"
+                        "separated 'easy' (noise 1: Market size at mAP ~83%%), 'hard' (streameval.synth.NOISE_HARD: "
+                        "mAP ~53%%, last positives hundreds to thousands of rows deep) or numbers >= 0 "
+                        "(default: easy,hard; with --scaling, --protocols or --suite: easy)")
+    p.add_argument("--against", metavar="REV", default=None,
+                   help="also time the same problems on git revision REV (a commit, tag, branch, HEAD~1...), side by "
+                        "side with the working tree, interleaved; REV's checkout and venv are made under --workdir and "
+                        "reused (see --against above).  Methods: default %s; of them, floor (and classic, update) "
+                        "run on the working tree only" % AGAINST_METHODS)
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32",
                    help="stored feature dtype (default: float32); every method computes in float32")
     p.add_argument("--metric", choices=("euclidean", "sqeuclidean", "cosine"), default="euclidean",
@@ -149,9 +204,10 @@ def parse_args(argv=None):
                    help="--protocols: seconds a classic Python loop (classic-cuhk03, classic-sysu) may run; "
                         "beyond it the loop stops and its time is extrapolated linearly (default: 600)")
     p.add_argument("--methods", default=None,
-                   help="comma-separated subset of %s (default: all; with --protocols: of %s)"
-                        % (",".join(METHODS), ",".join(PROTOCOL_METHODS)))
-    p.add_argument("--repeat", type=int, default=1, help="runs per method, best kept (default: 1)")
+                   help="comma-separated subset of %s (default: all; with --against: %s; with --protocols: of %s)"
+                        % (",".join(METHODS), AGAINST_METHODS, ",".join(PROTOCOL_METHODS)))
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs per method, best kept; with --against the runs of both sides alternate (default: 1)")
     p.add_argument("--seed", type=int, default=0, help="synthesis seed (default: 0)")
     p.add_argument("--junk-frac", type=float, default=0.0, help="gallery junk (pid -1) fraction (default: 0)")
     p.add_argument("--distractor-frac", type=float, default=0.0,
@@ -166,17 +222,26 @@ def parse_args(argv=None):
                    help="threads for the classic argsort (default: 1, a single np.argsort call as "
                         "torchreid/fast-reid do; >1 splits the rows over threads)")
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "streameval-bench"),
-                   help="where stores are created and reused (default: %(default)s)")
+                   help="where stores (and --against's checkouts and venvs, rev-COMMIT/) are created and reused; "
+                        "not a folder of the checkout that git would show (default: %(default)s)")
     p.add_argument("--json", metavar="OUT", default=None, help="also write the results as JSON to OUT")
     # internal: one method in a child process
-    p.add_argument("--_run", choices=[m for m in METHODS if m != "process"] + ["classic-process", *PROTOCOL_CHILDREN,
-                                                                              *SUITE_CHILDREN],
+    p.add_argument("--_run", choices=[m for m in METHODS if m != "process"] + ["classic-process", "transcribe",
+                                                                              *PROTOCOL_CHILDREN, *SUITE_CHILDREN],
                    help=argparse.SUPPRESS)
     p.add_argument("--_store", help=argparse.SUPPRESS)
     p.add_argument("--_out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args._run is None:
         known = PROTOCOL_METHODS if args.protocols else SUITE_METHODS if args.suite else METHODS
+        if args.against is not None:
+            if args.protocols or args.suite:
+                p.error("--against compares the default mode's methods: not with --protocols or --suite")
+            args.methods = args.methods or AGAINST_METHODS
+            try:
+                args.against = resolve_revision(args.against)
+            except ValueError as exc:
+                p.error(str(exc))
         if args.suite:
             if args.protocols or args.scaling:
                 p.error("--suite, --protocols and --scaling are separate modes: choose one")
@@ -202,11 +267,50 @@ def parse_args(argv=None):
             p.error(str(exc))
         if args.repeat < 1:
             p.error("--repeat must be at least 1")
+        try:
+            args.noises = parse_noises(args.noise or ("easy" if args.scaling or args.protocols or args.suite
+                                                      else "easy,hard"))
+        except ValueError as exc:
+            p.error(str(exc))
         if not 0 < args.update_frac <= 1:
             p.error("--update-frac must be in (0, 1]")
         if args.classic_sort_threads < 1:
             p.error("--classic-sort-threads must be at least 1")
     return args
+
+
+def parse_noises(text: str) -> list[float]:
+    """'easy,hard,2.5' -> [1.0, NOISE_HARD, 2.5]: synth's noise of each problem."""
+    from streameval.synth import NOISE_HARD
+
+    named = {"easy": 1.0, "hard": NOISE_HARD}
+    noises = []
+    for item in (part.strip() for part in text.split(",")):
+        try:
+            noise = named[item] if item in named else float(item)
+        except ValueError:
+            raise ValueError(f"--noise: cannot read {item!r}; expected easy, hard or a number >= 0") from None
+        if not 0 <= noise < float("inf"):
+            raise ValueError(f"--noise: {item!r} is not a number >= 0")
+        noises.append(noise)
+    return list(dict.fromkeys(noises))
+
+
+def noise_label(noise: float) -> str:
+    """'easy (noise 1)', 'hard (noise 1.4)' or 'noise 2.5'."""
+    from streameval.synth import NOISE_HARD
+
+    name = {1.0: "easy ", NOISE_HARD: "hard "}.get(noise, "")
+    return f"{name}(noise {noise:g})" if name else f"noise {noise:g}"
+
+
+def resolve_revision(rev: str) -> str:
+    """The full commit id of ``rev`` in this script's repository (ValueError if there is none)."""
+    try:
+        return subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse", "--verify",
+                               "--quiet", f"{rev}^{{commit}}"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        raise ValueError(f"--against: {rev!r} is not a commit of this repository") from None
 
 
 def parse_size(text: str, ids_flag: int | None):
@@ -403,14 +507,31 @@ def run_streameval(args) -> dict:
     out["warmup"] = f"{warm_note}; options {shown or 'default'}"
     out["warmup_s"] = warm
     out["metrics"] = _metrics(res.mAP, res.rank(1), res.mINP, res.n_valid_queries)
+    out["metrics"]["last_positive"] = last_positive_ranks(res.per_query)
     if args._run in PROTOCOL_CHILDREN:
         out["metrics"]["rank10"] = res.rank(10)
-    if res.trials:
+    if getattr(res, "trials", None):  # (a revision timed by --against may predate trials)
         out["metrics"]["n_valid_queries"] = res.n_valid_queries  # a mean over the trials
         out["metrics"]["per_trial"] = [dict(_metrics(t["mAP"], t["rank1"], t["mINP"], t["n_valid_queries"]),
                                             rank10=t["rank10"]) for t in res.trials["per_trial"]]
     out["plan"] = {k: res.run[k] for k in ("query_block", "gallery_chunk", "workers")}
+    out["phases"] = res.run.get("phases")  # None where a revision predates them
+    out["streameval"] = os.path.dirname(os.path.abspath(streameval.__file__))
     return out
+
+
+def last_positive_ranks(per_query: dict) -> dict | None:
+    """How deep the valid queries' last positives rank (median, 90th percentile, max): a query's
+    positives over its INP, which is its positives over the rank of its last one.  None when the
+    result has no per-query INP (several trials) or no valid query."""
+    import numpy as np
+
+    counts, inp = per_query.get("n_positives"), per_query.get("inp")
+    if counts is None or inp is None or np.ndim(inp) != 1 or not (counts > 0).any():
+        return None
+    valid = counts > 0
+    last = counts[valid] / inp[valid]
+    return {"median": float(np.median(last)), "p90": float(np.percentile(last, 90)), "max": float(last.max())}
 
 
 def append_distractor_copies(store_path: str, frac: float, seed: int) -> int:
@@ -917,8 +1038,8 @@ def _mean_or_none(values):
 
 
 def child_main(args) -> int:
-    if args._run == "classic-process":
-        run_classic_process(args)
+    if args._run in ("classic-process", "transcribe"):
+        (run_classic_process if args._run == "classic-process" else transcribe_child)(args)
         return 0
     t0 = time.perf_counter()
     runners = {"floor": run_floor, "classic": run_classic, "update": run_update,
@@ -936,17 +1057,19 @@ def child_main(args) -> int:
 # (d) whole processes, as a user runs them
 
 
-def streameval_command() -> list:
-    """The installed ``streameval`` script of this Python (else the CLI module)."""
-    script = os.path.join(os.path.dirname(sys.executable), "streameval")
-    return [script] if os.path.exists(script) else [sys.executable, "-m", "streameval.cli"]
+def streameval_command(python: str = sys.executable) -> list:
+    """The installed ``streameval`` script of ``python``'s environment (else the CLI module)."""
+    script = os.path.join(os.path.dirname(python), "streameval")
+    return [script] if os.path.exists(script) else [python, "-m", "streameval.cli"]
 
 
-def time_process(cmd: list) -> dict:
-    """Wall time from spawn to exit and peak RSS (the child's own, from wait4) of one process."""
+def time_process(cmd: list, env: dict | None = None) -> dict:
+    """Wall time from spawn to exit and peak RSS (the child's own, from wait4) of one process;
+    ``env``: variables set for it on top of this process's environment."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                env=None if env is None else {**os.environ, **env})
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -958,13 +1081,8 @@ def time_process(cmd: list) -> dict:
     return result
 
 
-def best_process_time(cmd: list, repeat: int) -> dict:
-    """One untimed warm-up run (numba caches written, modules and data in the page cache), then the
-    best of ``repeat``."""
-    warm = time_process(cmd)
-    if "error" in warm:
-        return {"error": warm["error"], "command": cmd}
-    runs = [time_process(cmd) for _ in range(repeat)]
+def best_of_processes(runs: list, cmd: list) -> dict:
+    """The best of ``runs`` (``time_process`` results) with every run's time, or the first error."""
     failed = [run for run in runs if "error" in run]
     if failed:
         return {"error": failed[0]["error"], "command": cmd}
@@ -973,30 +1091,68 @@ def best_process_time(cmd: list, repeat: int) -> dict:
             "stdout": best["stdout"], "command": cmd}
 
 
-def run_processes(args, store_path: str) -> dict:
-    """The whole-process timings of ``PROCESSES`` on one store."""
-    cli = streameval_command() + ["eval", store_path, "-q", "--metric", args.metric]
-    commands = {
-        "cli-closed": cli + ["--no-gom"],
-        "cli": cli,
-        "classic-process": [sys.executable, os.path.abspath(__file__), "--_run", "classic-process", "--_store",
-                            store_path, "--metric", args.metric, "--classic-sort-threads", str(args.classic_sort_threads)],
-    }
-    return {name: best_process_time(cmd, args.repeat) for name, cmd in commands.items()}
+def best_process_time(cmd: list, repeat: int) -> dict:
+    """One untimed warm-up run (numba caches written, modules and data in the page cache), then the
+    best of ``repeat``."""
+    warm = time_process(cmd)
+    if "error" in warm:
+        return {"error": warm["error"], "command": cmd}
+    return best_of_processes([time_process(cmd) for _ in range(repeat)], cmd)
 
 
-def startup_times(args) -> dict:
+def cold_and_warm_times(commands: dict, repeat: int, workdir: str) -> dict:
+    """{side: {"cold": best, "warm": best}} of each side's command (``commands``: side -> argv).
+
+    Cold: numba's cache empty (NUMBA_CACHE_DIR a fresh folder; streameval keeps a user's cache folder
+    and makes its versioned one inside it), so every kernel the run needs is compiled.  Warm: the
+    same command again with that folder, as it is for a user after the first run.  Each of the
+    ``repeat`` rounds runs every side cold, then every side warm (HEAD, REV, HEAD, REV), so the
+    machine's drift affects the sides alike."""
+    import shutil
+
+    runs = {side: {"cold": [], "warm": []} for side in commands}
+    for _ in range(repeat):
+        caches = {side: tempfile.mkdtemp(prefix="bench-numba-cache-", dir=workdir) for side in commands}
+        try:
+            for phase in ("cold", "warm"):
+                for side, cmd in commands.items():
+                    runs[side][phase].append(time_process(cmd, {"NUMBA_CACHE_DIR": caches[side]}))
+        finally:
+            for cache in caches.values():
+                shutil.rmtree(cache, ignore_errors=True)
+    return {side: {phase: best_of_processes(r, commands[side]) for phase, r in phases.items()}
+            for side, phases in runs.items()}
+
+
+def run_processes(args, sides: dict) -> dict:
+    """The whole-process timings of ``PROCESSES``: each streameval command cold and warm on every side
+    (``sides``: label -> (python, store path); the working tree's first), the classic evaluator's
+    process on the first side only, unless --against (it would not differ)."""
+    def cli(python, store):
+        return streameval_command(python) + ["eval", store, "-q", "--metric", args.metric]
+
+    out = {name: cold_and_warm_times({side: cli(*where) + extra for side, where in sides.items()}, args.repeat,
+                                     args.workdir)
+           for name, extra in (("cli-closed", ["--no-gom"]), ("cli", []))}
+    if not args.against:
+        store = next(iter(sides.values()))[1]
+        out["classic-process"] = best_process_time(
+            [sys.executable, os.path.abspath(__file__), "--_run", "classic-process", "--_store", store, "--metric",
+             args.metric, "--classic-sort-threads", str(args.classic_sort_threads)], args.repeat)
+    return out
+
+
+def startup_times(args, python: str = sys.executable) -> dict:
     """Wall time of ``streameval --help`` and ``python -c "import streameval"`` (best of at least 3)."""
-    commands = {"streameval --help": streameval_command() + ["--help"],
-                'python -c "import streameval"': [sys.executable, "-c", "import streameval"]}
+    commands = {"streameval --help": streameval_command(python) + ["--help"],
+                'python -c "import streameval"': [python, "-P", "-c", "import streameval"]}  # -P: not the cwd's
     return {name: best_process_time(cmd, max(3, args.repeat)) for name, cmd in commands.items()}
 
 
-def print_startup(startup: dict) -> None:
+def print_startup(startup: dict, side: str = "") -> None:
     cells = [f"{name} {r['time_s']:.3f} s" if "time_s" in r else f"{name} FAILED: {r['error']}"
              for name, r in startup.items()]
-    print("start-up: " + ", ".join(cells) + " (fresh processes, best of 3 after a warm-up; goal < 0.5 s)")
-    print()
+    print(f"start-up{side}: " + ", ".join(cells) + " (fresh processes, best of 3 after a warm-up; goal < 0.5 s)")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1013,10 +1169,10 @@ def synth_fingerprint() -> str:
         return hashlib.sha256(fh.read()).hexdigest()[:16]
 
 
-def store_params(args, size) -> dict:
+def store_params(args, size, noise: float = 1.0) -> dict:
     nq, ng, dim, ids = size
     return {
-        "n_query": nq, "n_gallery": ng, "dim": dim, "n_ids": ids, "n_cams": args.cams, "seed": args.seed,
+        "n_query": nq, "n_gallery": ng, "dim": dim, "n_ids": ids, "n_cams": args.cams, "seed": args.seed, "noise": noise,
         "junk_frac": args.junk_frac, "distractor_frac": args.distractor_frac,
         "open_query_frac": args.open_query_frac, "dtype": args.dtype, "chunk_rows": args.chunk_rows,
         **({"variants": args.suite, "variant_trials": args.trials} if getattr(args, "suite", None) else {}),
@@ -1026,8 +1182,9 @@ def store_params(args, size) -> dict:
 def store_name(params: dict) -> str:
     name = (f"synth_{params['n_query']}x{params['n_gallery']}x{params['dim']}_ids{params['n_ids']}"
             f"_cams{params['n_cams']}_{params['dtype']}_seed{params['seed']}")
-    for key, tag in (("junk_frac", "junk"), ("distractor_frac", "distr"), ("open_query_frac", "open")):
-        if params[key]:
+    for key, tag, default in (("junk_frac", "junk", 0), ("distractor_frac", "distr", 0), ("open_query_frac", "open", 0),
+                              ("noise", "noise", 1)):
+        if params[key] != default:
             name += f"_{tag}{params[key]:g}"
     if params["chunk_rows"]:
         name += f"_rows{params['chunk_rows']}"
@@ -1036,8 +1193,8 @@ def store_name(params: dict) -> str:
     return name + ".zarr"
 
 
-def ensure_store(args, size) -> tuple[str, str]:
-    """The store for this size under --workdir: reused if its recorded parameters match."""
+def ensure_store(args, size, noise: float = 1.0) -> tuple[str, str]:
+    """The store for this size and synth noise under --workdir: reused if its recorded parameters match."""
     from streameval.errors import StoreError
     from streameval.store import open_store
 
@@ -1045,7 +1202,7 @@ def ensure_store(args, size) -> tuple[str, str]:
         from streameval.synth import synthesize
     except ImportError as exc:
         sys.exit(f"bench: cannot import streameval.synth ({exc}); it is needed to create the store")
-    params = store_params(args, size)
+    params = store_params(args, size, noise)
     path = os.path.join(args.workdir, store_name(params))
     marker = path + PARAMS_SUFFIX
     recorded = dict(params, synth_sha256=synth_fingerprint())
@@ -1080,11 +1237,13 @@ def warm_page_cache(path: str) -> float:
     return total / 2**20
 
 
-def run_child(args, method: str, store_path: str) -> dict:
+def run_child(args, method: str, store_path: str, python: str = sys.executable, repeat: int | None = None) -> dict:
+    """``method`` timed in a child process of ``python`` (this bench's code, with the streameval
+    that python imports), ``repeat`` runs (default --repeat)."""
     fd, out_path = tempfile.mkstemp(prefix=f"bench-{method}-", suffix=".json", dir=args.workdir)
     os.close(fd)
-    cmd = [sys.executable, os.path.abspath(__file__), "--_run", method, "--_store", store_path, "--_out", out_path,
-           "--metric", args.metric, "--repeat", str(args.repeat), "--update-frac", str(args.update_frac),
+    cmd = [python, os.path.abspath(__file__), "--_run", method, "--_store", store_path, "--_out", out_path,
+           "--metric", args.metric, "--repeat", str(repeat or args.repeat), "--update-frac", str(args.update_frac),
            "--seed", str(args.seed), "--trials", str(args.trials), "--classic-budget", str(args.classic_budget),
            "--classic-sort-threads", str(args.classic_sort_threads), *(["--suite", args.suite] if args.suite else [])]
     t = time.perf_counter()
@@ -1198,6 +1357,7 @@ def print_header(facts: dict, args) -> None:
               + ("  WARNING: the machine is busy, timings will be noisy" if load[0] > 0.5 else ""))
     print(f"options : metric={args.metric}, store dtype={args.dtype}, cams={args.cams}, seed={args.seed}, "
           f"repeat={args.repeat} (best of), methods={','.join(args.methods)}, workdir={args.workdir}")
+    print(f"problems: each size at {', '.join(noise_label(noise) for noise in args.noises)}")
     print("timing  : wall time of the evaluation only (no process start, imports or JIT warm-up), each method in a "
           "fresh child process; peak RSS = the child's VmHWM over the timed run(s), base = its RSS before them; "
           "'process': whole processes, spawn to exit")
@@ -1208,14 +1368,45 @@ def fmt(value, spec: str, missing: str = "-") -> str:
     return missing if value is None else format(value, spec)
 
 
-def report_size(size, store_path, how, results: dict, args) -> dict:
+def problem_title(size, noise: float, args) -> str:
     nq, ng, dim, ids = size
-    print(f"=== {nq} x {ng} x {dim}  ({ids} ids, {args.cams} cams, {args.dtype} store, metric {args.metric}) ===")
+    return (f"{nq} x {ng} x {dim}  ({ids} ids, {args.cams} cams, {args.dtype} store, metric {args.metric}, "
+            f"{noise_label(noise)})")
+
+
+def problem_line(results: dict) -> str:
+    """How hard the problem is: the numbers of the first streameval method that ran (else the
+    classic evaluator's), and how deep the queries' last positives rank."""
+    method = next((m for m in (*VARIANTS, "classic") if "metrics" in results.get(m, {})), None)
+    if method is None:
+        return "problem : no method gave the numbers"
+    m = results[method]["metrics"]
+    text = f"problem : mAP {fmt(m['mAP'], '.4f')}, rank-1 {fmt(m['rank1'], '.4f')}, mINP {fmt(m['mINP'], '.4f')}"
+    last = m.get("last_positive")
+    if last:
+        text += (f"; a query's last positive at rank {last['median']:,.0f} (median), {last['p90']:,.0f} (90th "
+                 f"percentile), {last['max']:,.0f} (deepest)")
+    return text + f"  ({method})"
+
+
+def passes_over_gemm(r: dict, floor: dict | None) -> float | None:
+    """The run's scoring passes (its phase "passes") over the floor's GEMM time; None where the run
+    has no phases (a revision before them) or there is no floor."""
+    gemm = ((floor or {}).get("detail") or {}).get("gemm")
+    passes = (r.get("phases") or {}).get("passes")
+    return passes / gemm if passes and gemm else None
+
+
+def report_size(size, noise, store_path, how, results: dict, args) -> dict:
+    nq, ng, dim, ids = size
+    print(f"=== {problem_title(size, noise, args)} ===")
     print(f"store   : {store_path} ({how})")
+    print(problem_line(results))
     floor = results.get("floor", {}).get("time_s")
     classic = results.get("classic", {}).get("time_s")
     rows = []
-    header = f"{'method':<12}{'time (s)':>10}{'peak RSS (MB)':>15}{'base RSS (MB)':>15}{'x floor':>9}{'vs classic':>12}"
+    header = (f"{'method':<12}{'time (s)':>10}{'peak RSS (MB)':>15}{'base RSS (MB)':>15}{'x floor':>9}"
+              f"{'passes/GEMM':>13}{'vs classic':>12}")
     print(header)
     print("-" * len(header))
     for method in METHODS:
@@ -1228,13 +1419,15 @@ def report_size(size, store_path, how, results: dict, args) -> dict:
             continue
         t = r["time_s"]
         x_floor = t / floor if floor else None
+        passes = passes_over_gemm(r, results.get("floor"))
         vs_classic = classic / t if classic else None
         speedup = "-" if vs_classic is None else f"{vs_classic:.2f}x"
         print(f"{method:<12}{t:>10.3f}{r['peak_rss_mb']:>15.0f}{fmt(r['base_rss_mb'], '.0f'):>15}"
-              f"{fmt(x_floor, '.2f'):>9}{speedup:>12}")
+              f"{fmt(x_floor, '.2f'):>9}{fmt(passes, '.2f'):>13}{speedup:>12}")
         rows.append({"method": method, "time_s": t, "times_s": r["times_s"], "peak_rss_mb": r["peak_rss_mb"],
                      "base_rss_mb": r["base_rss_mb"], "lifetime_maxrss_mb": r["lifetime_maxrss_mb"],
-                     "x_floor": x_floor, "speedup_vs_classic": vs_classic, "detail": r.get("detail"),
+                     "x_floor": x_floor, "passes_over_gemm": passes, "phases": r.get("phases"),
+                     "speedup_vs_classic": vs_classic, "detail": r.get("detail"),
                      "plan": r.get("plan"), "metrics": r.get("metrics"), "warmup": r.get("warmup"),
                      "warmup_s": r.get("warmup_s"), "process_s": r.get("process_s"),
                      "others_cores": r.get("others_cores")})
@@ -1253,24 +1446,8 @@ def report_size(size, store_path, how, results: dict, args) -> dict:
     if osv:
         print(f"open-set + verification cost: {', '.join(osv)} (goal <= {GOAL_OSV_COST}x)")
     update = report_update(results.get("update"), ng)
-    processes = report_processes(results.get("process"), results)
-    # details
-    for method in METHODS:
-        r = results.get(method)
-        if not r or "error" in r or method in ("update", "process"):
-            continue
-        bits = [r["warmup"]]
-        if r.get("plan"):
-            bits.append("plan query_block={query_block} gallery_chunk={gallery_chunk} workers={workers}".format(**r["plan"]))
-        if r.get("detail"):
-            bits.append("breakdown " + ", ".join(f"{k} {v:.3f}s" for k, v in r["detail"].items()))
-        if method == "classic":
-            bits.append(f"argsort threads {r['sort_threads']}")
-        if len(r["times_s"]) > 1:
-            bits.append("runs " + " ".join(f"{t:.3f}" for t in r["times_s"]))
-        if r.get("others_cores") is not None and r["others_cores"] >= 0.1:
-            bits.append(f"WARNING: other processes used {r['others_cores']:.1f} cores meanwhile")
-        print(f"  {method}: " + "; ".join(bits))
+    processes = report_processes(results.get("process"), results, args.repeat)
+    print_details(results)
     if "streameval" in results and "floor" in results and "plan" in se and "plan" in results["floor"]:
         same = se["plan"] == results["floor"]["plan"]
         print(f"  floor used streameval's chunk plan: {'yes' if same else 'NO (differs!)'}")
@@ -1287,37 +1464,70 @@ def report_size(size, store_path, how, results: dict, args) -> dict:
               f"mINP |d|={fmt(diffs['mINP'], '.1e')}; valid queries {a['n_valid_queries']} vs {c['n_valid_queries']}; "
               f"tolerance {AGREE_TOL:g})")
     print()
-    return {"size": {"n_query": nq, "n_gallery": ng, "dim": dim, "n_ids": ids}, "store": store_path,
+    return {"size": {"n_query": nq, "n_gallery": ng, "dim": dim, "n_ids": ids}, "noise": noise, "store": store_path,
             "store_status": how, "rows": rows, "agreement": agreement, "update": update, "processes": processes}
 
 
-def report_processes(processes: dict | None, results: dict) -> dict | None:
-    """The whole-process table: wall time from spawn to exit, next to the in-process time of the same
-    work, and the speed-up over the classic evaluator's process."""
+def print_details(results: dict, side: str = "") -> None:
+    """A line per in-process method: its warm-up, chunk plan, time breakdown or phases, every run."""
+    for method in METHODS:
+        r = results.get(method)
+        if not r or "error" in r or method in ("update", "process"):
+            continue
+        bits = [r["warmup"]]
+        if r.get("plan"):
+            bits.append("plan query_block={query_block} gallery_chunk={gallery_chunk} workers={workers}".format(**r["plan"]))
+        if r.get("detail"):
+            bits.append("breakdown " + ", ".join(f"{k} {v:.3f}s" for k, v in r["detail"].items()))
+        if r.get("phases"):
+            bits.append("phases " + ", ".join(f"{k} {v:.3f}s" for k, v in r["phases"].items()))
+        if method == "classic":
+            bits.append(f"argsort threads {r['sort_threads']}")
+        if len(r["times_s"]) > 1:
+            bits.append("runs " + " ".join(f"{t:.3f}" for t in r["times_s"]))
+        if r.get("others_cores") is not None and r["others_cores"] >= 0.1:
+            bits.append(f"WARNING: other processes used {r['others_cores']:.1f} cores meanwhile")
+        print(f"  {method}{side}: " + "; ".join(bits))
+
+
+def process_runs(processes: dict, side: str = HEAD) -> dict:
+    """{"cli-closed cold": run, "cli-closed warm": run, ..., "classic-process": run} of one side."""
+    runs = {}
+    for name, p in processes.items():
+        if name in COLD_AND_WARM:
+            runs.update({f"{name} {phase}": p[side][phase] for phase in ("cold", "warm")})
+        else:
+            runs[name] = p
+    return runs
+
+
+def report_processes(processes: dict | None, results: dict, repeat: int) -> dict | None:
+    """The whole-process table: wall time from spawn to exit, cold and warm, next to the in-process
+    time of the same work, and the speed-up (warm) over the classic evaluator's process."""
     if processes is None:
         return None
     classic = processes["classic-process"].get("time_s")
-    print("whole processes (spawn to exit: start-up, imports, numba cache load, exit; best of "
-          f"{len(next((p['times_s'] for p in processes.values() if 'times_s' in p), [0]))} after a warm-up run):")
-    header = f"  {'process':<17}{'time (s)':>10}{'peak RSS (MB)':>15}{'in-process (s)':>22}{'vs classic process':>20}"
+    print(f"whole processes (spawn to exit: start-up, imports, numba's cache, exit; best of {repeat}; "
+          "cold: numba's cache folder empty, warm: as the cold run left it; classic after a warm-up run):")
+    header = f"  {'process':<22}{'time (s)':>10}{'peak RSS (MB)':>15}{'in-process (s)':>22}{'vs classic process':>20}"
     print(header)
     rows = {}
-    for name, p in processes.items():
+    for label, p in process_runs(processes).items():
         if "error" in p:
-            print(f"  {name:<17}  FAILED: {p['error']}")
-            rows[name] = {"error": p["error"], "command": p["command"]}
+            print(f"  {label:<22}  FAILED: {p['error']}")
+            rows[label] = {"error": p["error"], "command": p["command"]}
             continue
-        same = PROCESSES[name]
+        same = PROCESSES[label.split()[0]]
         inside = results.get(same, {}).get("time_s")
-        speedup = classic / p["time_s"] if classic else None
-        print(f"  {name:<17}{p['time_s']:>10.3f}{p['peak_rss_mb']:>15.0f}"
+        speedup = classic / p["time_s"] if classic and not label.endswith(" cold") else None
+        print(f"  {label:<22}{p['time_s']:>10.3f}{p['peak_rss_mb']:>15.0f}"
               f"{(f'{inside:.3f} ({same})' if inside else '-'):>22}{('-' if speedup is None else f'{speedup:.2f}x'):>20}")
-        rows[name] = {"time_s": p["time_s"], "times_s": p["times_s"], "peak_rss_mb": p["peak_rss_mb"],
-                      "in_process_s": inside, "in_process_method": same, "speedup_vs_classic_process": speedup,
-                      "command": " ".join(p["command"])}
-    closed = rows.get("cli-closed", {}).get("speedup_vs_classic_process")
+        rows[label] = {"time_s": p["time_s"], "times_s": p["times_s"], "peak_rss_mb": p["peak_rss_mb"],
+                       "in_process_s": inside, "in_process_method": same, "speedup_vs_classic_process": speedup,
+                       "command": " ".join(p["command"])}
+    closed = rows.get("cli-closed warm", {}).get("speedup_vs_classic_process")
     if closed is not None:
-        print(f"  goal: closed-set CLI at least 2x faster than the classic process: {closed:.2f}x "
+        print(f"  goal: closed-set CLI (warm) at least 2x faster than the classic process: {closed:.2f}x "
               f"({'met' if closed >= 2 else 'NOT met'})")
     return rows
 
@@ -1471,10 +1681,10 @@ def report_protocol_agreement(rows: dict) -> dict:
 
 
 def print_scaling(sizes: list) -> None:
-    """One line per size: each method's time, M pairs/s and peak RSS, to see growth with the gallery."""
+    """One line per problem: each method's time, M pairs/s and peak RSS, to see growth with the gallery."""
     methods = [m for m in METHODS if any(r["method"] == m and "time_s" in r for size in sizes for r in size["rows"])]
     print("=== scaling: time (s) / M pairs per s / peak RSS (MB) ===")
-    print(f"{'size':<22}" + "".join(f"{m:>26}" for m in methods))
+    print(f"{'size (noise)':<26}" + "".join(f"{m:>26}" for m in methods))
     for size in sizes:
         dims = size["size"]
         pairs = dims["n_query"] * dims["n_gallery"]
@@ -1483,7 +1693,8 @@ def print_scaling(sizes: list) -> None:
             row = next((r for r in size["rows"] if r["method"] == m and "time_s" in r), None)
             cells.append("-" if row is None else
                          f"{row['time_s']:.1f} / {pairs / row['time_s'] / 1e6:.0f} / {row['peak_rss_mb']:.0f}")
-        print(f"{dims['n_query']}x{dims['n_gallery']}x{dims['dim']:<8}".ljust(22) + "".join(f"{c:>26}" for c in cells))
+        label = f"{dims['n_query']}x{dims['n_gallery']}x{dims['dim']} ({size['noise']:g})"
+        print(f"{label:<26}" + "".join(f"{c:>26}" for c in cells))
     print()
 
 
@@ -1496,39 +1707,59 @@ def main(argv=None) -> int:
     print_header(facts, args)
     out = {"machine": facts, "options": {k: getattr(args, k) for k in (
         "metric", "dtype", "cams", "seed", "repeat", "methods", "junk_frac", "distractor_frac",
-        "open_query_frac", "chunk_rows", "classic_sort_threads", "workdir")}, "sizes": []}
+        "open_query_frac", "chunk_rows", "classic_sort_threads", "workdir", "noises")}, "sizes": []}
     if args.protocols:
         out["options"].update(protocols=True, trials=args.trials, classic_budget=args.classic_budget)
+    rev = prepare_revision(args.against, args.workdir) if args.against else None
+    if rev:
+        print_revision(rev)
+        print()
+        out["options"]["against"] = {"commit": rev.commit, "subject": rev.subject, "folder": rev.folder,
+                                     "versions": rev.versions}
     if "process" in args.methods:
-        out["startup"] = startup_times(args)
-        print_startup(out["startup"])
+        out["startup"] = {HEAD: startup_times(args)}
+        print_startup(out["startup"][HEAD], f" {HEAD}" if rev else "")
+        if rev:
+            out["startup"][REV] = startup_times(args, rev.python)
+            print_startup(out["startup"][REV], f" {REV} ")
+        print()
     sys.stdout.flush()
+    mismatch = False
     for size in args.sizes:
-        path, how = ensure_store(args, size)
-        mb = warm_page_cache(path)
-        how += f", {mb:.0f} MB read once to warm the page cache"
-        results = {}
-        if args.suite:
-            out["sizes"].append(run_suite_mode(args, size, path, how))
+        for noise in args.noises:
+            entry = run_problem(args, size, noise, rev)
+            mismatch |= any(not check["agree"] for check in entry.get("numbers", ()))
+            out["sizes"].append(entry)
             sys.stdout.flush()
-            continue
-        if args.protocols:
-            for name in args.methods:
-                results[name] = run_child(args, PROTOCOL_METHODS[name], path)
-            out["sizes"].append(report_protocols(size, path, how, results, args))
-            sys.stdout.flush()
-            continue
-        for method in args.methods:
-            results[method] = run_processes(args, path) if method == "process" else run_child(args, method, path)
-        out["sizes"].append(report_size(size, path, how, results, args))
-        sys.stdout.flush()
-    if len(out["sizes"]) > 1 and not (args.protocols or args.suite):
+    if len(out["sizes"]) > 1 and not (args.protocols or args.suite or rev):
         print_scaling(out["sizes"])
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=2)
         print(f"results written to {args.json}")
-    return 0
+    if mismatch:
+        print(f"error: {HEAD} and {REV} gave different numbers on the same rows (lines marked !!! above)", file=sys.stderr)
+    return 1 if mismatch else 0
+
+
+def run_problem(args, size, noise: float, rev) -> dict:
+    """Every method on one problem (a size at a synth noise), in the mode chosen; its JSON record."""
+    path, how = ensure_store(args, size, noise)
+    how += f", {warm_page_cache(path):.0f} MB read once to warm the page cache"
+    if args.suite:
+        return run_suite_mode(args, size, path, how)
+    if args.protocols:
+        results = {name: run_child(args, PROTOCOL_METHODS[name], path) for name in args.methods}
+        return report_protocols(size, path, how, results, args)
+    if rev:
+        rev_path, rev_how = revision_store(rev, path, size)
+        if rev_path != path:
+            rev_how += f", {warm_page_cache(rev_path):.0f} MB read once to warm the page cache"
+        results = run_against(args, {HEAD: (sys.executable, path), REV: (rev.python, rev_path)})
+        return report_against(size, noise, {HEAD: (path, how), REV: (rev_path, rev_how)}, results, args, rev)
+    results = {method: run_processes(args, {HEAD: (sys.executable, path)}) if method == "process"
+               else run_child(args, method, path) for method in args.methods}
+    return report_size(size, noise, path, how, results, args)
 
 
 if __name__ == "__main__":

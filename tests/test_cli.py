@@ -73,6 +73,22 @@ def test_synth_quiet_float16_and_refusal(tmp_path):
     assert len(open_store(path).query) == 6
 
 
+def test_synth_noise(tmp_path):
+    """--noise is synthesize's noise; a value that is no noise scale is refused before any work."""
+    from streameval.synth import synthesize
+
+    small = ["--queries", "8", "--gallery", "40", "--dim", "4", "--ids", "3", "-q"]
+    run("synth", tmp_path / "n.zarr", *small, "--noise", "1.7")
+    expected = synthesize(tmp_path / "e.zarr", n_query=8, n_gallery=40, dim=4, n_ids=3, n_cams=6, noise=1.7)
+    np.testing.assert_array_equal(open_store(tmp_path / "n.zarr").gallery.features[:], expected.gallery.features[:])
+    for bad, message in (("-1", "-1.0 is not in the range x>=0"), ("nan", "noise must be a finite number >= 0")):
+        refused = run("synth", tmp_path / "bad.zarr", *small, "--noise", bad, ok=False)
+        assert refused.exit_code == 2
+        assert len(refused.stderr.strip().splitlines()) == 1 and refused.stderr.startswith("error: ")
+        assert message in refused.stderr
+        assert not (tmp_path / "bad.zarr").exists()
+
+
 def test_eval_json_file(store_path, expected, tmp_path):
     out = tmp_path / "result.json"
     result = run("eval", store_path, "--json", out)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 import zarr
@@ -9,7 +11,7 @@ import zarr
 from streameval import OptionError, StoreError, evaluate, open_store, validate_values
 from streameval.convert import convert_npz
 from streameval.plan import default_chunk_rows
-from streameval.synth import generation_block_rows, synthesize
+from streameval.synth import NOISE_HARD, generation_block_rows, synthesize
 
 SMALL = dict(n_query=150, n_gallery=2500, dim=24, n_ids=30, n_cams=4)
 
@@ -128,6 +130,38 @@ def test_synth_metrics_are_realistic(tmp_path):
     assert result.mINP < result.mAP < result.rank(1)
 
 
+def test_synth_default_noise_writes_the_stores_of_before(mixed):
+    """noise=1 (the default) is the model as it was before the argument existed: the digest of this
+    store's arrays was taken with the code of that time."""
+    digest = hashlib.sha256()
+    for fs in (mixed.query, mixed.gallery):
+        for field in (fs.features, fs.pids, fs.camids):
+            digest.update(np.ascontiguousarray(field[:]).tobytes())
+    assert digest.hexdigest() == "a0ee4ba7fcdcf31adf84f72c6b6c68c4be5350043dd4c3681548adc5f39cb7b7"
+
+
+def last_positive_ranks(result) -> np.ndarray:
+    """Each valid query's rank of its last positive: its positives over its INP."""
+    q = result.per_query
+    valid = q["n_positives"] > 0
+    return q["n_positives"][valid] / q["inp"][valid]
+
+
+def test_synth_noise_makes_a_weaker_model(tmp_path):
+    """More noise: the same ids, other features, and positives ranked deeper; no noise: nearly perfect."""
+    kwargs = dict(n_query=300, n_gallery=3000, dim=128, n_ids=100, n_cams=6, seed=1)
+    stores = {noise: synthesize(tmp_path / f"n{noise}.zarr", **kwargs, noise=noise) for noise in (0.0, 1.0, NOISE_HARD)}
+    results = {noise: evaluate(store, no_gom=True) for noise, store in stores.items()}
+    for noise in (0.0, NOISE_HARD):
+        np.testing.assert_array_equal(stores[noise].gallery.pids[:], stores[1.0].gallery.pids[:])
+        np.testing.assert_array_equal(stores[noise].query.camids[:], stores[1.0].query.camids[:])
+        assert not np.array_equal(stores[noise].gallery.features[:], stores[1.0].gallery.features[:])
+    assert results[0.0].mAP > 0.99
+    assert results[1.0].mAP - 0.1 > results[NOISE_HARD].mAP > 0.4
+    assert results[1.0].mINP > 2 * results[NOISE_HARD].mINP
+    assert np.median(last_positive_ranks(results[NOISE_HARD])) > 2 * np.median(last_positive_ranks(results[1.0]))
+
+
 def test_synth_into_a_zarr_store_object():
     store = synthesize(zarr.storage.MemoryStore(), n_query=10, n_gallery=50, dim=4, n_ids=3, n_cams=2)
     assert len(store.gallery) == 50
@@ -150,6 +184,9 @@ def test_synth_progress(tmp_path, capsys):
     (dict(dtype="float64"), "dtype must be float16 or float32"),
     (dict(dtype="nonsense"), "dtype must be float16 or float32"),
     (dict(chunk_rows=0), "chunk_rows must be a positive integer"),
+    (dict(noise=-0.5), "noise must be a finite number >= 0"),
+    (dict(noise=float("inf")), "noise must be a finite number >= 0"),
+    (dict(noise="hard"), "noise must be a finite number >= 0"),
 ])
 def test_synth_rejects_bad_arguments(tmp_path, kwargs, message):
     with pytest.raises(OptionError, match=message):
