@@ -17,7 +17,7 @@ import dask
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from . import graph, kernels, metrics, scratch
+from . import graph, kernels, metrics, scratch, tiny
 from .choices import MAX_RANK_LIMIT, PRECISIONS
 from .cluster import CONNECT_TIMEOUT_S, ClusterOptions, connect
 from .errors import OptionError
@@ -232,9 +232,7 @@ class Runner:
 
     def compile_kernels(self, store: Store, settings: Settings) -> None:
         """Compile (or load from numba's cache) every kernel the run will call, before its passes,
-        by a rehearsal on a tiny problem (``warmup.rehearse``): a phase of its own."""
-        from .warmup import rehearse
-
+        by a rehearsal on a tiny problem (``rehearse``): a phase of its own."""
         self.phases.lap("setup")
         with self.bar.compiling() if self.bar is not None else nullcontext():
             rehearse(store, settings)
@@ -302,6 +300,34 @@ def session(store: Store, settings: Settings, execution: Execution, phases: Phas
         runner.close(completed=True)
     if execution.cluster.distributed:
         phases.lap("closing cluster")
+
+
+_rehearsed: set = set()  # what this process rehearsed already: its kernels are in memory
+
+
+def rehearse(store, settings) -> bool:
+    """Evaluate a tiny problem shaped like ``store`` with ``settings`` (one direction, as the
+    session runs it): every kernel the real run calls is compiled or loaded from numba's cache.
+    False when the rehearsal cannot run for these settings (then the passes compile, and say so)."""
+    from .bands import eligible
+
+    shape = tiny.shape_of(store)
+    key = (settings, *shape.items())
+    if key in _rehearsed:
+        return True
+    try:
+        tiny_settings = replace(settings, protocol=tiny.without_tables(settings.protocol))
+        problem = tiny.tiny_store(tiny_settings.protocol, **shape)
+        execution = Execution(query_block=len(problem.query), gallery_chunk=tiny.TINY_CHUNK)
+        runner = Runner(None, run_plan(problem, tiny_settings, execution, workers=2), Phases(), None)
+        if eligible(tiny_settings):  # the two-pass route's refinement, where the real run's bands miss
+            score_all(problem, tiny_settings, runner, bands=False)
+        placed, state, read, meta, verified = score_all(problem, tiny_settings, runner)
+        make_result(problem, placed, state, runner, read, 1, meta, verification=verified)
+    except Exception:  # e.g. a memory check the tiny plan fails: the rehearsal decides no number, and what
+        return False  # it could not compile the passes compile (booked as compiling all the same)
+    _rehearsed.add(key)
+    return True
 
 
 def run_plan(store: Store, settings: Settings, execution: Execution, workers: int):

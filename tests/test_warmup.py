@@ -25,10 +25,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import importlib
+
 import streameval
-from streameval import kernels, progress, warmup
+from streameval import kernels, progress, tiny, warmup
 from streameval.progress import COMPILING, Bar, Reporter
 from streameval.protocols import resolve
+
+pipeline = importlib.import_module("streameval.evaluate")  # the module (streameval.evaluate is also the function)
 
 
 def fresh_process(args: list, cache: Path) -> subprocess.CompletedProcess:
@@ -42,10 +46,12 @@ EVALUATION = """
     import json, sys
     from numba.core import event
     import streameval
+    import importlib
     from streameval import report, warmup
 
+    pipeline = importlib.import_module("streameval.evaluate")
     rehearsing, compiled_outside = [False], []
-    rehearse = warmup.rehearse
+    rehearse = pipeline.rehearse
 
     def traced(*args):
         rehearsing[0] = True
@@ -62,7 +68,7 @@ EVALUATION = """
         def on_end(self, ev):
             pass
 
-    warmup.rehearse = traced
+    pipeline.rehearse = traced
     event.register("numba:compile", Outside())
     result = streameval.evaluate(sys.argv[1], **json.loads(sys.argv[2]))
     counts = warmup._cache_counts().values()
@@ -149,21 +155,21 @@ def test_the_bar_says_compiling_before_the_passes_and_while_numba_compiles_durin
 @pytest.mark.parametrize("name", ["market", "sysu-all", "regdb"])
 def test_the_tiny_problem_has_every_kind_of_row_the_protocol_knows(name):
     protocol = resolve(name)
-    store = warmup.tiny_store(protocol, dtype=np.float16, dim=5)
+    store = tiny.tiny_store(protocol, dtype=np.float16, dim=5)
     q_pid, q_cam = (np.asarray(store.query.pids), np.asarray(store.query.camids))
     g_pid, g_cam = (np.asarray(store.gallery.pids), np.asarray(store.gallery.camids))
     assert store.query.features.dtype == np.float16 and store.dim == 5
     assert set(q_cam) <= set(protocol.query_cameras or q_cam) and set(g_cam) <= set(protocol.gallery_cameras or g_cam)
-    for pid in range(1, warmup.TINY_IDENTITIES + 1):  # seen from every camera, both sides
+    for pid in range(1, tiny.TINY_IDENTITIES + 1):  # seen from every camera, both sides
         assert set(q_cam[q_pid == pid]) == set(q_cam) and set(g_cam[g_pid == pid]) == set(g_cam)
-    assert warmup.OPEN_PID in q_pid and warmup.OPEN_PID not in g_pid  # an open-set query
-    assert warmup.DISTRACTOR_PID in g_pid and warmup.DISTRACTOR_PID not in q_pid
+    assert tiny.OPEN_PID in q_pid and tiny.OPEN_PID not in g_pid  # an open-set query
+    assert tiny.DISTRACTOR_PID in g_pid and tiny.DISTRACTOR_PID not in q_pid
     assert set(protocol.junk_pids) <= set(g_pid)
-    assert len(store.gallery) > warmup.TINY_CHUNK  # two chunks: two chains, merged
+    assert len(store.gallery) > tiny.TINY_CHUNK  # two chunks: two chains, merged
 
 
 def test_a_distance_store_rehearses_on_a_distance_store_of_its_kind():
-    store = warmup.tiny_store(resolve("market"), kind="similarity", dtype=np.float32, query_distances=True)
+    store = tiny.tiny_store(resolve("market"), kind="similarity", dtype=np.float32, query_distances=True)
     assert store.kind == "similarity" and store.gallery.distances.dtype == np.float32
     assert store.query.distances.shape == (len(store.query),) * 2
 
@@ -207,9 +213,9 @@ def test_a_run_whose_rehearsal_cannot_run_evaluates_all_the_same(store_path, mon
     def fails(*args, **kwargs):
         raise RuntimeError("no tiny problem here")
 
-    monkeypatch.setattr(warmup, "tiny_store", fails)
-    monkeypatch.setattr(warmup, "_rehearsed", set())
-    assert warmup.rehearse(streameval.open_store(store_path), None) is False
+    monkeypatch.setattr(tiny, "tiny_store", fails)
+    monkeypatch.setattr(pipeline, "_rehearsed", set())
+    assert pipeline.rehearse(streameval.open_store(store_path), None) is False
     result = streameval.evaluate(store_path, no_gom=True)
     assert result.mAP == expected.mAP and np.array_equal(result.cmc, expected.cmc)
     assert list(result.run["phases"])[:3] == ["setup", COMPILING, "passes"]
