@@ -17,7 +17,7 @@ import numpy as np
 from .. import kernels
 from ..kernels import U64, canonical_distance, clip_side, distance_window, normalise, threshold_bin
 from . import Field, Statistic
-from .block import kept_bits, kept_negative, row_distances, trial_bit
+from .block import kept_bits, row_distances, trial_bit, widest
 
 _jit = nb.njit(nogil=True, cache=True)
 _inline = nb.njit(nogil=True, cache=True, inline="always")
@@ -38,13 +38,14 @@ def _row_bins(blk, i, c_bins, norm_mode, lo, span, n_bins, sides, dist, bins):
 
 
 @_inline
-def _count_clipped(blk, i, dist, lo, span, clipped):
-    """Add row i's negatives below LO and above HI (``clip_side``), and all of them, to ``clipped``."""
+def _count_clipped(kept, dist, lo, span, clipped):
+    """Add a row's negatives (nonzero ``kept``: ``kept_bits``) below LO and above HI
+    (``clip_side``), and all of them, to ``clipped``."""
     below = 0
     above = 0
     negatives = 0
     for j in range(dist.shape[0]):
-        negative = kept_negative(blk, i, j)
+        negative = kept[j] != 0
         side = clip_side(dist[j], lo, span)
         below += negative & (side < 0)
         above += negative & (side > 0)
@@ -55,7 +56,7 @@ def _count_clipped(blk, i, dist, lo, span, clipped):
 
 
 @_inline
-def _settle_extremes(blk, i, dist, low_out, high_out):
+def _settle_extremes(blk, i, dist, gn_max, low_out, high_out):
     """Lower ``low_out[i]`` / raise ``high_out[i]`` to row i's canonical min / max distance.
 
     The pair with the canonical minimum has a fast distance within its window of it, hence within
@@ -65,7 +66,6 @@ def _settle_extremes(blk, i, dist, low_out, high_out):
     maximum), so the one at the fast minimum with the largest gallery norm is the widest.
     """
     low, high = kernels._extremes(dist)
-    gn_max = blk.gn.max()
     reach = distance_window(low, blk.qn[i], gn_max, blk.metric, blk.c_dot) + 4.0 * U64 * high
     if low - reach < low_out[i]:
         for j in range(dist.shape[0]):
@@ -94,6 +94,7 @@ def update_hist(blk, c_bins, norm_mode, lo, span, n_bins, t_first, t_stop, hist,
     kept = np.empty(n_cols, dtype=np.uint64)
     lanes = np.zeros((LANES, hist.shape[2]), dtype=np.int64)
     sides = clipped.shape[0] > 0
+    gn_max = widest(blk)  # once a block: a row loop taking it scanned the chunk per query
     for i in range(n_rows):
         row_distances(blk, i, dist)
         if c_bins == 0.0:
@@ -108,8 +109,8 @@ def update_hist(blk, c_bins, norm_mode, lo, span, n_bins, t_first, t_stop, hist,
                 hist[i, t, k] += lanes[0, k] + lanes[1, k] + lanes[2, k] + lanes[3, k]
             lanes[:] = 0
         if sides and n_cols:
-            _count_clipped(blk, i, dist, lo, span, clipped[i])
-            _settle_extremes(blk, i, dist, range_low, range_high)
+            _count_clipped(kept, dist, lo, span, clipped[i])
+            _settle_extremes(blk, i, dist, gn_max, range_low, range_high)
 
 
 @_inline

@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import kernels
 from . import Field, Statistic
-from .block import kept_negative, trial_bit
+from .block import kept_negative, trial_bit, widest
 
 _jit = nb.njit(nogil=True, cache=True)
 _inline = nb.njit(nogil=True, cache=True, inline="always")
@@ -51,7 +51,7 @@ def update_nearest(blk, dist):
     """dist[i, t] = min(dist[i, t], the canonical distance of each kept row of query i in trial t),
     for the trials in which query i has no positive."""
     n_trials = dist.shape[1]
-    gn_max = blk.gn.max() if blk.gn.shape[0] else 0.0
+    gn_max = widest(blk)
     cut = np.empty(n_trials)
     for i in range(blk.dist.shape[0]):
         need = _open_trials(blk, i)
@@ -64,16 +64,16 @@ def update_nearest(blk, dist):
                 for t in range(n_trials):
                     if trial_bit(bits, t):
                         cut[t] = min(cut[t], blk.dist[i, j])
-        widest = -np.inf
+        furthest = -np.inf
         for t in range(n_trials):
             if trial_bit(need, t):
                 cut[t] = min(dist[i, t], cut[t] + _window(blk, i, cut[t], gn_max))
-                widest = max(widest, cut[t] + 2.0 * _window(blk, i, cut[t], gn_max))
+                furthest = max(furthest, cut[t] + 2.0 * _window(blk, i, cut[t], gn_max))
             else:
                 cut[t] = -np.inf  # no row's lower bound is below it
         for j in range(blk.dist.shape[1]):
             d = blk.dist[i, j]
-            if d > widest:  # the fast path: too far to lower any trial's minimum
+            if d > furthest:  # the fast path: too far to lower any trial's minimum
                 continue
             bits = blk.g_bits[j] & need
             if not (kept_negative(blk, i, j) & (bits != 0)):

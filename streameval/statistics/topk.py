@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import kernels
 from . import Field, Statistic
-from .block import kept_negative, trial_bit
+from .block import kept_negative, trial_bit, widest
 
 _jit = nb.njit(nogil=True, cache=True)
 _inline = nb.njit(nogil=True, cache=True, inline="always")
@@ -131,7 +131,7 @@ def _update(blk, t, member, keys, ceilings, bounds):
     """keys[i]: query i's list (see the module docstring) of the rows ``member`` (``_kept`` or
     ``_dropped``) admits, up to distance ceilings[i] at least; ``bounds``: scratch of k float64.
     Each kernel below is compiled with its own test (a runtime switch between them slowed the scan)."""
-    gn_max = blk.gn.max() if blk.gn.shape[0] else 0.0
+    gn_max = widest(blk)
     for i in range(blk.dist.shape[0]):
         for m in range(bounds.shape[0]):  # the list's distances, descending: a max-heap
             bounds[m] = keys[i, bounds.shape[0] - 1 - m, 0]

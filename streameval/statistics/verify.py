@@ -50,7 +50,7 @@ import numpy as np
 
 from .. import kernels
 from . import Field, Statistic
-from .block import compact, kept_negative, mask, trial_bit
+from .block import compact, kept_negative, mask, trial_bit, widest
 
 _jit = nb.njit(nogil=True, cache=True)
 _inline = nb.njit(nogil=True, cache=True, inline="always")
@@ -570,7 +570,7 @@ def update_verify(blk, qrows, shift, exact_bins, hist, tails, core, auc, pool):
     cell_bits = cell.view(np.uint64)
     sh = np.uint64(shift)
     n_trials = hist.shape[0]
-    gn_max = blk.gn.max() if blk.gn.shape[0] else 0.0
+    gn_max = widest(blk)
     bounds = np.full(n_trials, -np.inf)
     limits = np.empty(n_trials)
     if tails.shape[1] > 1:
