@@ -99,29 +99,54 @@ def _screen(blk, i, limit):
     return 1.0, 0.5 * ((1.0 - m) * qa - limit - m * abs(limit)), 0.5 * (1.0 - m)
 
 
+@_jit
+def screen_columns(blk):
+    """(kind, columns) for ``within``: the block's query rows grouped by what decides which gallery
+    rows they may count as negatives apart from the pid (camera index, trial bits): kind[i] is row
+    i's group, and columns[kind[i], j] is ``ga[j]``, or NaN where row j is never a negative of such
+    a query (junk, camera pair in x_any, no common trial).  Built once a block (a group per camera
+    and trial set present, usually a handful), so the screen reads one float per pair instead of
+    testing camera, junk and trials; a NaN fails every comparison."""
+    n_rows = blk.dots.shape[0]
+    kind = np.empty(n_rows, dtype=np.int64)
+    cix = np.zeros(n_rows, dtype=np.int64)  # of each group; zeroed: the search reads one past the last
+    bits = np.zeros(n_rows, dtype=np.uint64)
+    n_kinds = 0
+    for i in range(n_rows):
+        k = 0
+        while (k < n_kinds) and ((cix[k] != blk.q_cix[i]) | (bits[k] != blk.q_bits[i])):
+            k += 1
+        cix[k] = blk.q_cix[i]
+        bits[k] = blk.q_bits[i]
+        n_kinds = max(n_kinds, k + 1)
+        kind[i] = k
+    columns = np.empty((n_kinds, blk.dots.shape[1]), dtype=np.float64)
+    for k in range(n_kinds):
+        dropped = blk.g_dropped[cix[k]]
+        for j in range(columns.shape[1]):
+            kept = (dropped[j] == 0) & ((blk.g_bits[j] & bits[k]) != 0)
+            columns[k, j] = blk.ga[j] if kept else np.nan
+    return kind, columns
+
+
 @_inline
-def within(blk, i, limit, hit, cols):
+def within(blk, i, limit, screen, hit, cols):
     """cols[:n] = the kept negatives j (ascending) of query i whose fast distance may be at most
     ``limit``; returns n.  A screen of the dot products (``_screen``: a multiply-add and a compare a
-    pair) and the kept test, in a loop that vectorises, into the mask ``hit`` (a ``mask`` buffer):
-    every kept negative within the limit is listed, with at most a few just beyond it, so a caller
-    decides each listed row exactly."""
+    pair, against the block's ``screen_columns``), in a loop that vectorises, into the mask ``hit``
+    (a ``mask`` buffer), then the pid test on the few rows that pass: every kept negative within the
+    limit is listed, with at most a few just beyond it, so a caller decides each listed row exactly."""
     dots = blk.dots[i]
     sign, a, b = _screen(blk, i, limit)
-    qp = blk.q_pid[i]
-    qb = blk.q_bits[i]
-    dropped = blk.g_dropped[blk.q_cix[i]]
-    passed = 0
-    if limit > -np.inf:  # a row without a limit (or NaN): nothing
-        for j in range(dots.shape[0]):
-            h = ((sign * np.float64(dots[j]) >= a + b * blk.ga[j]) & (blk.g_pid[j] != qp) & (dropped[j] == 0)
-                 & ((blk.g_bits[j] & qb) != 0))
-            hit[j] = h
-            passed += h
+    kind, columns = screen
+    kept_ga = columns[kind[i]]
+    for j in range(dots.shape[0]):
+        hit[j] = sign * np.float64(dots[j]) >= a + b * kept_ga[j]  # False for a limit of -inf or NaN
     n = 0
-    if passed > 0:
-        n = compact(hit, cols)
-    return n  # one return: numba inlines a helper with several far less well
+    for k in range(compact(hit, cols)):  # rows of the query's pid: positives or excluded, never negatives
+        cols[n] = cols[k]
+        n += blk.g_pid[cols[k]] != blk.q_pid[i]
+    return n
 
 
 @_inline
@@ -255,9 +280,10 @@ def slotted_negatives(blk, limits, qi, gj, slot):
     cols = np.empty(hit.shape[0], dtype=np.int64)
     row_slots = np.empty(n_cols, dtype=np.int64)
     table = np.empty(MAX_BUCKETS + 2, dtype=np.int64)
+    screen = screen_columns(blk)
     n = 0
     for i in range(blk.dots.shape[0]):
-        found = _row_slots(blk, i, within(blk, i, limits[i], hit, cols), cols, row_slots, table)
+        found = _row_slots(blk, i, within(blk, i, limits[i], screen, hit, cols), cols, row_slots, table)
         for k in range(found):
             qi[n + k] = i
             gj[n + k] = cols[k]
