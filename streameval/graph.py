@@ -311,6 +311,7 @@ def _blocks(part: Part, start: int, stop: int, queries: Rows, positives: Positiv
     chunk = load_rows(part.fs, slice(start, stop), scoring, meta, part)
     junk = scoring.rules.junk_mask(chunk.pids)
     filled = any(stat.reads_distances for stat in scoring.statistics)
+    refine_bound = kernels.dot_error_bound(queries.features.shape[1], np.float64)
     for rows, dots in _sub_blocks(queries, chunk, part, start, stop, scoring):
         dist = scratch.buffer("distances", np.float64, dots.shape if filled else (0, 0))
         if filled:
@@ -318,7 +319,7 @@ def _blocks(part: Part, start: int, stop: int, queries: Rows, positives: Positiv
         q_cix, g_cix, table = camera_table(scoring.rules.protocol.x_any, queries.camids[rows], chunk.camids)
         yield rows, dots, chunk, Block(
             dots, dist, exact_source(queries.features[rows], dots, scoring), chunk.features, queries.terms[rows],
-            chunk.terms, queries.norms[rows], chunk.norms, scoring.metric, scoring.dot_bound, queries.pids[rows],
+            chunk.terms, queries.norms[rows], chunk.norms, scoring.metric, scoring.dot_bound, refine_bound, queries.pids[rows],
             chunk.pids, q_cix, dropped_columns(junk, g_cix, table), queries.bits[rows], chunk.bits, part.offset + start,
             positives.offsets[rows.start:rows.stop + 1], positives.dist, positives.gidx, positives.bits)
 

@@ -8,8 +8,11 @@ The GEMM is only an accelerator.  Its dot products (float32 or float64, any summ
 from the canonical ones by at most ``dot_error_bound * |q| |g|`` (Higham's gamma_n bound), which
 ``distance_window`` turns into a window around each fast distance.  Ranking decisions (is this
 negative before that positive) and the minmax range are taken on the fast distance when the whole
-window gives the same answer, and on the canonical distance otherwise: exact ties (duplicate images)
-and near-ties are decided exactly, by the tie rule, whatever the chunking.
+window gives the same answer, then on a float64 dot product summed in any order (``refined_dots``,
+vectorised; its window is ~1e-13 wide) when its window does, and on the canonical distance
+otherwise: exact ties (duplicate images) and near-ties are decided exactly, by the tie rule,
+whatever the chunking.  (At D = 2,048 the float32 window leaves a few percent of the negatives near
+a positive undecided; the canonical sum, scalar in its fixed order, cost ~2 us each there.)
 
 GOM thresholds are settled the same way with float64 GEMMs.  With float32 GEMMs the rigorous window
 is wide enough (~1e-4 relative at D = 2048) that settling every negative near one of the 101
@@ -235,6 +238,24 @@ def pair_distances(qf, gf, qrows, grows, qa, ga, metric):
     out = np.empty(qrows.shape[0], dtype=np.float64)
     for k in range(qrows.shape[0]):
         out[k] = canonical_distance(qf, gf, qrows[k], grows[k], qa[qrows[k]], ga[grows[k]], metric)
+    return out
+
+
+@nb.njit(nogil=True, cache=True, fastmath=True)
+def refined_dots(qf, gf, qrows, grows):
+    """float64 dot products of the listed pairs (qf[qrows[k]], gf[grows[k]]), summed in whatever
+    order the compiler vectorises best (``fastmath``): within ``dot_error_bound(dim, float64)``
+    |q| |g| of the canonical ones, which holds for any order.  Several times cheaper than
+    ``pair_distances``, whose fixed order runs scalar: a ranking decision the GEMM's float32 window
+    leaves open is almost always closed by this window (1e-13 wide instead of 1e-4 at D = 2,048)."""
+    out = np.empty(qrows.shape[0], dtype=np.float64)
+    for k in range(qrows.shape[0]):
+        q = qf[qrows[k]]
+        g = gf[grows[k]]
+        acc = 0.0
+        for m in range(q.shape[0]):
+            acc += np.float64(q[m]) * np.float64(g[m])
+        out[k] = acc
     return out
 
 

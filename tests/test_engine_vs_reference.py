@@ -259,6 +259,37 @@ def test_identical_gallery_rows_are_tied(case, precision, metric, positive_first
         assert result.cmc[0] == (1.0 if positive_first else 0.0)
 
 
+def _nudged(row: np.ndarray, rng, n: int) -> np.ndarray:
+    """``n`` copies of a float32 row, each with one random coordinate moved by 1-3 units in the last
+    place: distances to a query differ from the row's by ~1e-9 relative, far inside a float32 GEMM's
+    error window (~D 6e-8) and far outside float64 rounding."""
+    out = np.repeat(row[None, :], n, axis=0)
+    for copy in out:
+        k = rng.integers(row.shape[0])
+        for _ in range(rng.integers(1, 4)):
+            copy[k] = np.nextafter(copy[k], np.float32(np.inf) if rng.random() < 0.5 else np.float32(-np.inf))
+    return out
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "sqeuclidean", "cosine"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_near_ties_beyond_the_gemm_precision_are_ranked_exactly(metric, seed):
+    """Negatives a few ulps from each positive: the float32 GEMM's window leaves every one of them
+    undecided, and the float64 decision (``kernels.refined_dots``, else the canonical distance) must
+    order them as the float64 reference does, in any chunking."""
+    rng = np.random.default_rng(seed)
+    dim, nq = 96, 3
+    qf = rng.standard_normal((nq, dim)).astype(np.float32)
+    positives = rng.standard_normal((4, dim)).astype(np.float32)
+    gf = np.concatenate([positives] + [_nudged(p, rng, 6) for p in positives])
+    g_pids = np.concatenate([np.ones(4, np.int64), np.full(24, 2)])
+    order = rng.permutation(gf.shape[0])
+    problem = dict(qf=qf, q_pids=np.ones(nq, np.int64), q_camids=np.zeros(nq, np.int64),
+                   gf=gf[order], g_pids=g_pids[order], g_camids=np.ones(gf.shape[0], np.int64))
+    options = dict(metric=metric, precision="float32", protocol="market", junk_pids=(-1,), max_rank=28)
+    check_all_chunkings(problem, problem, options, [(None, None), (1, 5), (2, 3)])
+
+
 @pytest.mark.parametrize("precision", ["float32", "float64"])
 # no shrink phase: a failure here is reported at once instead of after minutes of shrinking
 @settings(max_examples=30, phases=(Phase.explicit, Phase.reuse, Phase.generate), **SETTINGS)

@@ -45,7 +45,7 @@ Block = namedtuple("Block", [
     "dist",  # the float64 fast distances of ``dots``, filled only for statistics that declare ``reads_distances``
     "qf", "gf",  # features in the working precision (for canonical distances)
     "qa", "ga", "qn", "gn",  # float64 row terms and norms
-    "metric", "c_dot",  # metric code, GEMM dot error bound
+    "metric", "c_dot", "c_refine",  # metric code, dot error bounds: the GEMM's, ``kernels.refined_dots``'
     "q_pid", "g_pid",  # int64
     "q_cix", "g_dropped",  # query camera index; uint8 [camera index, column]: 1 = junk pid or x_any
     "q_bits", "g_bits",  # uint64 trial membership
@@ -211,13 +211,11 @@ def widest(blk):
 
 
 @_inline
-def _slot(blk, i, j, lo, hi):
-    """Row j's slot among query i's positives (pos[lo:hi]) when its fast distance's error window
-    cannot change it, else -1: the positives before the window's low end, unless the next one is
-    before its high end."""
-    d = fast_distance(blk, i, j)
+def _slot(blk, i, j, d, w, lo, hi):
+    """Row j's slot among query i's positives (pos[lo:hi]) when no distance in [d - w, d + w] (its
+    distance and error window) can change it, else -1: the positives before the window's low end,
+    unless the next one is before its high end."""
     g = blk.g_start + j
-    w = kernels.distance_window(d, blk.qn[i], blk.gn[j], blk.metric, blk.c_dot)
     first = kernels.positives_before(blk.pos_d, blk.pos_g, lo, hi, d - w, g)
     m = lo + first
     following = max(min(m, hi - 1), 0)  # read when there is a next positive only (branch-free)
@@ -291,12 +289,29 @@ def slotted_negatives(blk, limits, qi, gj, slot):
         n += found
     pending = np.flatnonzero(slot[:n] < 0)
     pending = pending[np.argsort(gj[pending], kind="mergesort")]
+    if blk.metric != kernels.PRECOMPUTED:  # a stored distance is exact: nothing is left pending
+        pending = _refine_slots(blk, qi, gj, slot, pending)
     exact = kernels.pair_distances(blk.qf, blk.gf, qi[pending], gj[pending], blk.qa, blk.ga, blk.metric)
     for k in range(pending.shape[0]):
         i = qi[pending[k]]
         slot[pending[k]] = kernels.positives_before(blk.pos_d, blk.pos_g, blk.pos_off[i], blk.pos_off[i + 1],
                                                     exact[k], blk.g_start + gj[pending[k]])
     return n
+
+
+@_inline
+def _refine_slots(blk, qi, gj, slot, pending):
+    """Decide the pending slots on ``kernels.refined_dots``'s distances and their narrow window;
+    returns the entries still pending (ties and near-ties within ~1e-13: the canonical distance
+    decides them)."""
+    dots = kernels.refined_dots(blk.qf, blk.gf, qi[pending], gj[pending])
+    for k in range(pending.shape[0]):
+        i = qi[pending[k]]
+        j = gj[pending[k]]
+        d = kernels.pair_distance(dots[k], blk.qa[i], blk.ga[j], blk.metric)
+        w = kernels.distance_window(d, blk.qn[i], blk.gn[j], blk.metric, blk.c_refine)
+        slot[pending[k]] = _slot(blk, i, j, d, w, blk.pos_off[i], blk.pos_off[i + 1])
+    return pending[slot[pending] < 0]
 
 
 def negatives_buffers(blk) -> tuple:
@@ -322,7 +337,9 @@ def _row_slots(blk, i, n, cols, slots, table):
             slots[k] = first if (first == table[_bucket(d + w, x0, scale, buckets)]) & (first >= 0) else SEARCH
         for k in range(n):  # a positive within the window's buckets: searched for
             if slots[k] == SEARCH:
-                slots[k] = _slot(blk, i, cols[k], lo, hi)
+                j = cols[k]
+                d = fast_distance(blk, i, j)
+                slots[k] = _slot(blk, i, j, d, kernels.distance_window(d, blk.qn[i], blk.gn[j], blk.metric, blk.c_dot), lo, hi)
     return n
 
 
