@@ -175,8 +175,11 @@ def find_positive_pairs(part: Part, start: int, stop: int, queries: Rows, scorin
         dist = stored_distances(part, start, stop, queries.index, scoring)[qrows, grows]
     else:
         chunk = load_rows(part.fs, slice(start, stop), scoring, meta, part)
-        dist = kernels.pair_distances(
-            queries.features, chunk.features, qrows, grows, queries.terms, chunk.terms, scoring.metric
+        # an identity at a time: its queries' and gallery rows' features stay in cache for all its pairs
+        order = np.lexsort((qrows, grows, g_pid[grows]))
+        dist = np.empty(qrows.shape[0], dtype=np.float64)
+        dist[order] = kernels.pair_distances(
+            queries.features, chunk.features, qrows[order], grows[order], queries.terms, chunk.terms, scoring.metric
         )
     return qrows, grows + part.offset + start, dist, bits, junk
 

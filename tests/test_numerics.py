@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import streameval
-from streameval import OptionError, report
+from streameval import OptionError, kernels, report
 
 from reference import distance_matrix, reference_evaluate
 
@@ -230,3 +230,18 @@ def test_no_fast_distance_below_an_edge_has_an_upper_bound_past_its_peak(metric)
         for d in np.append(rng.uniform(low, edge, 50), [low, edge, min(edge, math.sqrt(2 * c_dot * qn_max * gn_max))]):
             for qn, gn in ((qn_max, gn_max), tuple(rng.uniform(0, 1, 2) * (qn_max, gn_max))):
                 assert d + kernels.distance_window(float(d), qn, gn, code, c_dot) <= peak, (metric, edge, d)
+
+
+@pytest.mark.parametrize("n_rows", [1, 7, 8, 13])
+@pytest.mark.parametrize("metric", [kernels.SQEUCLIDEAN, kernels.COSINE])
+def test_row_terms_are_sums_in_coordinate_order(n_rows, metric):
+    """A row's term is its float64 squares added k = 0, 1, ... (the order the canonical distance
+    assumes, whatever rows it is read with): checked bit for bit against a plain loop."""
+    x = np.random.default_rng(n_rows).standard_normal((n_rows, 37)).astype(np.float32) * 3
+    want = []
+    for row in x:
+        acc = 0.0
+        for v in row.astype(np.float64):
+            acc += v * v
+        want.append(math.sqrt(acc) if metric == kernels.COSINE else acc)
+    assert kernels.row_terms(x, metric).tolist() == want
