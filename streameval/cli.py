@@ -524,12 +524,14 @@ def append(store, input_npz, paths_file):
     scores just the new rows.
     """
     from .convert import append_npz
+    from .locking import writing
     from .report import store_summary
     from .store import open_store
     from .store.paths import read_paths_file
 
-    before = len(open_store(store).gallery)
-    opened = append_npz(input_npz, store, None if paths_file is None else read_paths_file(paths_file))
+    with writing(store):  # the append's own lock, taken early: 'before' is the count the rows go after
+        before = len(open_store(store).gallery)
+        opened = append_npz(input_npz, store, None if paths_file is None else read_paths_file(paths_file))
     click.echo(f"appended {len(opened.gallery) - before:,} rows: " + store_summary(opened))
 
 

@@ -22,6 +22,7 @@ from .choices import MAX_RANK_LIMIT, PRECISIONS
 from .cluster import CONNECT_TIMEOUT_S, ClusterOptions, connect
 from .errors import OptionError
 from .gom import GomOptions
+from .locking import writing
 from .outputs import check_folder
 from .plan import DEFAULT_MEMORY_BUDGET, check_state_memory, make_plan, parse_bytes
 from .progress import (COMPILING, Bar, Phases, Reporter, ThreadedProgress, compile_timer, compile_watch,
@@ -453,22 +454,26 @@ def evaluate(
     if selection is not None:
         selection.check(len(store.query))
     if state is not None:
-        from .statestore import check_updatable, check_writable
+        from .statestore import check_updatable
 
         if store.holds_distances:
             raise OptionError(f"'{store.path}' holds precomputed distances, which appended rows would change "
                               "(re-ranking): it keeps no state for incremental updates (--state)")
         check_updatable(settings)
         check_folder(state, "state directory")
-        check_writable(state, overwrite_state)
-    with session(store, settings, execution, phases) as runner:
-        # a saved state keeps the two-pass route's arrays: no bands
-        settings, query_state, read, meta, verified = score_all(store, settings, runner, bands=state is None)
-    if state is not None:
-        from .statestore import save_state
+    with writing(state):  # the state's writer lock, from its check to its save (none without a state)
+        if state is not None:
+            from .statestore import check_writable
 
-        save_state(state, store, settings, query_state)
-        phases.lap("saving state")
+            check_writable(state, overwrite_state)
+        with session(store, settings, execution, phases) as runner:
+            # a saved state keeps the two-pass route's arrays: no bands
+            settings, query_state, read, meta, verified = score_all(store, settings, runner, bands=state is None)
+        if state is not None:
+            from .statestore import save_state
+
+            save_state(state, store, settings, query_state)
+            phases.lap("saving state")
     return make_result(store, settings, query_state, runner, read, len(store.query) * query_state.gallery_rows, meta,
                        selection=selection, verification=verified)
 

@@ -38,6 +38,7 @@ from . import graph
 from .evaluate import PROTOCOL_OPTIONS, Execution, Runner, Settings, _as_store, gallery_metadata, make_result, session
 from .openset import OPEN_SET_OPTIONS
 from .openset import request as open_set_request
+from .locking import writing
 from .progress import Phases
 from .ranked import RANKED_OPTIONS, request
 from .verification import VERIFY_OPTIONS
@@ -92,28 +93,29 @@ def update(
     execution = Execution.from_options("update", options)
     store = _as_store(data, storage_options)
     phases.lap("setup")
-    saved = load_state(state)
-    phases.lap("loading state")
-    ranked, selection = request(ranked_options, saved.options.get("ranked"))
-    if selection is not None:
-        selection.check(len(store.query))
-    given = dict(metric=metric, protocol=protocol, max_rank=max_rank, precision=precision, no_gom=no_gom,
-                 gom_norm=gom_norm, gom_bins=gom_bins, gom_b=gom_b, gom_vp=gom_vp, std_ddof=std_ddof, ranked=ranked)
-    open_set = open_set_request(open_set_options, saved.options.get("open_set"))  # open_set=False: refused below
-    verification = verification_request(verification_options, saved.options.get("verification"))
-    settings = Settings.parse(store, **{**saved.options, **{k: v for k, v in given.items() if v is not None},
-                                        "open_set": open_set, "verification": verification}, **overrides)
-    check_updatable(settings)
-    query_hash = check_matches(saved, store, settings)
-    meta = gallery_metadata(store, settings)  # Metadata(): updatable protocols draw nothing
-    with session(store, settings, execution, phases, label="streameval update") as runner:
-        new, facts, read, pairs = advance(store, settings, runner, saved.query_state, meta)
-        verified = verification_report(store, settings, new, runner, meta)
-    if facts["rows_added"]:
-        save_state(state, store, settings, new, query_hash)
-        phases.lap("saving state")
-    return make_result(store, settings, new, runner, read, pairs, meta, selection, verification=verified,
-                       update=facts)
+    with writing(state):  # from loading to saving: two updates of one state would each save over the other
+        saved = load_state(state)
+        phases.lap("loading state")
+        ranked, selection = request(ranked_options, saved.options.get("ranked"))
+        if selection is not None:
+            selection.check(len(store.query))
+        given = dict(metric=metric, protocol=protocol, max_rank=max_rank, precision=precision, no_gom=no_gom,
+                     gom_norm=gom_norm, gom_bins=gom_bins, gom_b=gom_b, gom_vp=gom_vp, std_ddof=std_ddof, ranked=ranked)
+        open_set = open_set_request(open_set_options, saved.options.get("open_set"))  # open_set=False: refused below
+        verification = verification_request(verification_options, saved.options.get("verification"))
+        settings = Settings.parse(store, **{**saved.options, **{k: v for k, v in given.items() if v is not None},
+                                            "open_set": open_set, "verification": verification}, **overrides)
+        check_updatable(settings)
+        query_hash = check_matches(saved, store, settings)
+        meta = gallery_metadata(store, settings)  # Metadata(): updatable protocols draw nothing
+        with session(store, settings, execution, phases, label="streameval update") as runner:
+            new, facts, read, pairs = advance(store, settings, runner, saved.query_state, meta)
+            verified = verification_report(store, settings, new, runner, meta)
+        if facts["rows_added"]:
+            save_state(state, store, settings, new, query_hash)
+            phases.lap("saving state")
+        return make_result(store, settings, new, runner, read, pairs, meta, selection, verification=verified,
+                           update=facts)
 
 
 def advance(store: Store, settings: Settings, runner: Runner, saved: QueryState, meta: graph.Metadata):

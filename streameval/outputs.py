@@ -8,15 +8,17 @@ One policy for every output (``--json``, ``--state``, plot files, new stores):
 * an existing file is replaced only with ``--overwrite`` (or a yes at the terminal prompt), and a
   directory never stands where a file is to be written;
 * a file is written beside its final name (with the modes the umask gives any new file) and renamed
-  into place, so a failure (a full disk) leaves the previous file as it was; if the result cannot be
-  written at all, it goes to a fallback file whose path the error names (the evaluation is never
-  lost).
+  into place (``replace_file``, for every output file: JSON, pages, plots, images), so a failure (a
+  full disk) leaves the previous file as it was, and a symbolic link in its place is replaced, never
+  written through to its target; if the result cannot be written at all, it goes to a fallback file
+  whose path the error names (the evaluation is never lost).
 
 Imports nothing heavy: the CLI checks its outputs before loading the engine.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -68,6 +70,41 @@ def check_directory(path, overwrite: bool, what: str) -> None:
         raise OptionError(f"'{os.fspath(path)}' already exists; pass --overwrite to replace it")
 
 
+def not_ours(path, attribute: str) -> str | None:
+    """What is at ``path`` if ``--overwrite`` must not delete it, in a few words; None when it is a
+    zarr group streameval wrote (its zarr.json has the attribute ``attribute``: a store's
+    streameval_schema, a ranked-lists group's streameval_ranked), an empty folder, or a link (the
+    link is replaced, never its target).  --overwrite replaces only what streameval wrote."""
+    path = os.fspath(path)
+    if os.path.islink(path):
+        return None
+    if not os.path.isdir(path):
+        return "it is a file"
+    names = sorted(os.listdir(path))
+    if not names or _zarr_attribute(path, attribute) is not None:
+        return None
+    return "it holds " + ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _zarr_attribute(path: str, attribute: str):
+    """The attribute ``attribute`` of the zarr group at ``path`` (its zarr.json read as JSON, no
+    zarr needed), or None."""
+    try:
+        with open(os.path.join(path, "zarr.json"), encoding="utf-8") as fh:
+            attrs = json.load(fh).get("attributes", {})
+        return attrs.get(attribute) if isinstance(attrs, dict) else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def refuse_foreign(path, attribute: str, what: str) -> None:
+    """OptionError when ``--overwrite`` would delete something at ``path`` streameval did not write."""
+    foreign = os.path.lexists(path) and not_ours(path, attribute)
+    if foreign:
+        raise OptionError(f"'{os.fspath(path)}' is not a streameval {what} ({foreign}); --overwrite replaces only "
+                          f"a {what} streameval wrote: choose another path, or move that away yourself")
+
+
 def _confirmed(path) -> bool:
     """Ask at a terminal; never in scripts (there the answer is no)."""
     if not sys.stdin.isatty():
@@ -102,12 +139,25 @@ def _replace_with(path: str, text: str) -> None:
         with open(path, "w") as fh:
             fh.write(text)
         return
-    tmp = create_beside(path, ".tmp")
-    try:
+
+    def write(tmp: str) -> None:
         with open(tmp, "w") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+
+    replace_file(path, write)
+
+
+def replace_file(path, write) -> None:
+    """The one way an output file is written: ``write(tmp)`` fills a new file beside ``path`` (of
+    the same suffix, so that a writer that picks the format by it, as matplotlib does, picks the
+    same), which is then renamed onto ``path``.  So a symbolic link at ``path`` is replaced, never
+    written through to its target, and a failure leaves what was at ``path`` as it was."""
+    path = os.fspath(path)
+    tmp = create_beside(path, os.path.splitext(path)[1] or ".tmp")
+    try:
+        write(tmp)
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -32,6 +32,7 @@ import numpy as np
 
 from .errors import OptionError, StoreError, one_line
 from .extras import require_extra
+from .outputs import replace_file
 from .suite.report import setting_order, title
 
 IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".eps", ".tif", ".tiff")
@@ -238,7 +239,7 @@ def require_matplotlib(purpose: str) -> None:
 def plot_suite(result: dict, out: str, label: str | None = None) -> None:
     """Draw one suite result (the dict ``streameval suite --json`` writes) into the image ``out``;
     the legend names it ``label``, by default its plan."""
-    suite_figure([suite_bars(result, label or str(result["suite"]["plan"]))]).savefig(out, dpi=110)
+    save(suite_figure([suite_bars(result, label or str(result["suite"]["plan"]))]), out)
 
 
 def plot_results(paths: list[str], out: str, labels: list[str]) -> None:
@@ -250,7 +251,13 @@ def plot_results(paths: list[str], out: str, labels: list[str]) -> None:
         other = next(path for path in paths if path not in suites)
         raise OptionError(f"'{suites[0]}' is a suite result and '{other}' is not: plot suite results together, "
                           "eval results together")
-    (suite_figure if suites else figure)(runs).savefig(out, dpi=110)
+    save((suite_figure if suites else figure)(runs), out)
+
+
+def save(fig, out: str, dpi: int = 110) -> None:
+    """The figure as the image ``out`` (its suffix picks the format), written as every output is
+    (``outputs.replace_file``: a link at ``out`` is replaced, not written through)."""
+    replace_file(out, lambda tmp: fig.savefig(tmp, dpi=dpi))
 
 
 def figure(runs: list[Curves]):

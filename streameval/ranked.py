@@ -403,6 +403,7 @@ def check_output(path, overwrite: bool) -> None:
         raise OptionError(f"ranked lists are written to a local file or .zarr folder, not '{os.fspath(path)}'")
     if _is_group(path):
         outputs.check_directory(path, overwrite, "ranked-lists group")
+        outputs.refuse_foreign(path, "streameval_ranked", "ranked-lists group")
     else:
         outputs.check_file(path, overwrite, "ranked-lists file")
 

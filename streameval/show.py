@@ -29,6 +29,7 @@ import urllib.parse
 
 from .errors import OptionError, StoreError
 from .extras import require_extra
+from .outputs import replace_file, write_text
 
 MARKS = ("positive", "negative", "junk")
 COLOURS = {"positive": "#1a9850", "negative": "#d73027", "junk": "#9e9e9e", "query": "#2b2b2b"}
@@ -419,7 +420,7 @@ def write_png_grids(shown: list[dict], folder: str) -> None:
                 ax.set_axis_off()
         fig.suptitle(_heading(number, record), fontsize=8)
         fig.tight_layout()
-        fig.savefig(os.path.join(folder, png_name(number, record)), dpi=100)
+        replace_file(os.path.join(folder, png_name(number, record)), lambda tmp, fig=fig: fig.savefig(tmp, dpi=100))
         plt.close(fig)
 
 
@@ -488,9 +489,7 @@ def show(result: str, *, store: str | None = None, out: str | None = None, png: 
                             if selection[0] in ("worst", "best") else ""))
     attach_files(shown, store, image_root)
     files = [entry["file"] for record in shown for entry in entries(record) if entry["file"] is not None]
-    from . import outputs
-
-    outputs.write_text(page, render_page(shown, section, source, page, with_images=bool(files)), "page")
+    write_text(page, render_page(shown, section, source, page, with_images=bool(files)), "page")
     if png is not None:
         os.makedirs(png, exist_ok=True)
         write_png_grids(shown, png)

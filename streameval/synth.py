@@ -67,6 +67,7 @@ import numpy as np
 
 from . import plan, store as store_mod
 from .errors import OptionError
+from .outputs import replace_file
 from .store import Store
 from .store.paths import complete_paths, create_paths, write_path_rows
 
@@ -350,10 +351,15 @@ def write_images(folder: str, relative_to: str | None, first_row: int, pids, cam
     for offset, (pid, camid) in enumerate(zip(pids.tolist(), camids.tolist())):
         row = first_row + offset
         name = os.path.join(folder, f"{row:06d}.png")
-        with open(name, "wb") as fh:
-            fh.write(png_bytes(person_image(pid, camid, row)))
+        image = png_bytes(person_image(pid, camid, row))
+        replace_file(name, lambda tmp, image=image: _write_bytes(tmp, image))  # a link there is replaced
         paths.append(os.path.abspath(name) if relative_to is None else os.path.relpath(name, relative_to))
     return paths
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
 
 
 def check_images_folder(images, store_path, n_rows: int, overwrite: bool) -> None:

@@ -130,6 +130,12 @@ def test_a_first_eval_killed_during_save_is_replaced_by_the_next(tmp_path):
                           timeout=300)
     assert done.returncode == -signal.SIGKILL, done.stderr
     assert os.listdir(state) == ["v000001.zarr"]  # unfinished: no CURRENT
+    # the killed writer's lock is taken over, and says so, once
+    code, stderr = command("update", store, "--state", state, "-q")
+    note, error = stderr.splitlines()
+    assert note.startswith(f"note: took over the lock of '{state}' left by pid ") and \
+        note.endswith("which is no longer running"), stderr
+    assert code == 3 and re.match(r"error: the state at .* was never completed .*; make it again", error), stderr
     assert_refused("update", store, "--state", state, match=r"the state at .* was never completed .*; make it again")
     code, stderr = command("eval", store, "--state", state, "-q", process=True)  # no --overwrite needed
     assert code == 0, stderr

@@ -355,9 +355,14 @@ def test_convert_refuses_to_overwrite(tmp_path):
     with pytest.raises(StoreError, match="is the input file"):
         convert_npz(tmp_path / "in.npz", tmp_path / "in.npz", overwrite=True)
     assert (tmp_path / "in.npz").stat().st_size > 0
-    store = convert_npz(tmp_path / "in.npz", out, overwrite=True)
+    # --overwrite replaces a store streameval wrote, never a folder of somebody's files
+    with pytest.raises(OptionError, match=r"is not a streameval store \(it holds precious.txt\)"):
+        convert_npz(tmp_path / "in.npz", out, overwrite=True)
+    assert (out / "precious.txt").read_text() == "keep\n"
+    convert_npz(tmp_path / "in.npz", tmp_path / "store.zarr")
+    store = convert_npz(tmp_path / "in.npz", tmp_path / "store.zarr", overwrite=True)
     assert len(store.gallery) == 300
-    validate_values(open_store(out))
+    validate_values(open_store(tmp_path / "store.zarr"))
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -4,7 +4,7 @@ structural check metadata allows (see the package docstring)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import zarr
@@ -12,6 +12,7 @@ from zarr.codecs import Crc32cCodec
 
 from ..choices import INT64_MIN, METRICS
 from ..errors import StoreError, one_line
+from ..locking import reading
 
 
 SCHEMA_VERSION = 2
@@ -83,6 +84,8 @@ class Store:
     uid: str | None = None
     kind: str = "features"  # or a distance store's "distance" / "similarity"
     cameras: bool = True  # False: converted from an input without camera ids (every camid is 0)
+    # a local store's reader lock (``locking.reading``), held while the Store lives: never replaced under it
+    reader_lock: object = field(default=None, repr=False, compare=False)
 
     @property
     def dim(self) -> int:
@@ -102,6 +105,23 @@ def describe(target) -> str:
     return os.fspath(target) if isinstance(target, (str, os.PathLike)) else repr(target)
 
 
+def refuse_links(target) -> None:
+    """Before writing into the local store at ``target``: nothing inside it is a symbolic link.  A
+    write follows a link to what it points at (another store's array, a folder elsewhere), so no
+    command writes into a store holding one; reading it is fine.  (The store's own path may be a
+    link: that is the store the user named.)"""
+    if not is_local_path(target):
+        return
+    root = os.path.realpath(target)
+    for folder, dirs, files in os.walk(root):  # os.walk lists a linked folder but does not enter it
+        for name in dirs + files:
+            entry = os.path.join(folder, name)
+            if os.path.islink(entry):
+                raise StoreError(f"'{os.fspath(target)}': {os.path.relpath(entry, root)} is a symbolic link (to "
+                                 f"'{os.readlink(entry)}'), and streameval writes nothing through a link out of a "
+                                 "store; put a copy in its place (cp -rL) to write to this store")
+
+
 
 
 def open_store(target, mode: str = "r", storage_options: dict | None = None, _writing: bool = False) -> Store:
@@ -114,6 +134,7 @@ def open_store(target, mode: str = "r", storage_options: dict | None = None, _wr
     path = describe(target)
     if is_local_path(target) and not os.path.exists(path):
         raise StoreError(f"no feature store at '{path}' (create one with 'streameval synth' or 'streameval convert')")
+    lock = reading(path) if is_local_path(target) else None
     try:
         group = zarr.open_group(target, mode=mode, storage_options=storage_options or None)
         attrs = dict(group.attrs)
@@ -134,7 +155,7 @@ def open_store(target, mode: str = "r", storage_options: dict | None = None, _wr
 
         query, gallery = open_distance_sets(group, path, committed)
         return Store(path=path, query=query, gallery=gallery, default_metric=kind, uid=attrs.get(UID_ATTR), kind=kind,
-                     cameras=attrs.get(CAMERAS_ATTR) is not False)
+                     cameras=attrs.get(CAMERAS_ATTR) is not False, reader_lock=lock)
     query = _open_set(group, path, "query", None)
     gallery = _open_set(group, path, "gallery", committed)
     if query.dim != gallery.dim:
@@ -147,7 +168,7 @@ def open_store(target, mode: str = "r", storage_options: dict | None = None, _wr
     if default_metric not in METRICS:
         raise StoreError(f"'{path}': default_metric {default_metric!r} is not one of {', '.join(METRICS)}")
     return Store(path=path, query=query, gallery=gallery, default_metric=default_metric, uid=attrs.get(UID_ATTR),
-                 cameras=attrs.get(CAMERAS_ATTR) is not False)
+                 cameras=attrs.get(CAMERAS_ATTR) is not False, reader_lock=lock)
 
 
 def _content_kind(attrs: dict, path: str) -> str:

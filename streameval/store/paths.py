@@ -24,7 +24,8 @@ import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from ..errors import OptionError, StoreError, one_line
-from .layout import SETS, FeatureSet, Store, describe, open_array, open_store
+from ..locking import writing
+from .layout import SETS, FeatureSet, Store, describe, open_array, open_store, refuse_links
 from .reading import _last_row
 
 FIELD = "paths"
@@ -41,8 +42,15 @@ def write_paths(target, set_name: str, paths: Sequence[str], *, overwrite: bool 
     """
     _check_set(set_name)
     where = target.path if isinstance(target, Store) else describe(target)
-    if isinstance(target, Store):  # opened read-only: reopen its zarr store for writing
-        target = target.query.pids.store_path.store.with_read_only(False)
+    local = where if isinstance(target, Store) else target  # a Store's path, a path, or a zarr store object
+    with writing(local):
+        refuse_links(local)
+        if isinstance(target, Store):  # opened read-only: reopen its zarr store for writing
+            target = target.query.pids.store_path.store.with_read_only(False)
+        _write_locked(target, where, set_name, paths, overwrite)
+
+
+def _write_locked(target, where: str, set_name: str, paths: Sequence[str], overwrite: bool) -> None:
     fs = getattr(open_store(target, mode="r+"), set_name)
     paths = check_paths(paths, f"{set_name} paths", len(fs))
     if f"{fs.name}/{FIELD}" in _group(fs) and not overwrite:

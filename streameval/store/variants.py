@@ -30,7 +30,8 @@ import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from ..errors import OptionError, StoreError, one_line
-from .layout import SETS, FeatureSet, Store, check_safeguards, describe, open_array, open_store
+from ..locking import writing
+from .layout import SETS, FeatureSet, Store, check_safeguards, describe, open_array, open_store, refuse_links
 from .paths import _group
 from .values import check_features
 
@@ -320,8 +321,14 @@ def _rows(features):
 def add_variants(target, variants, *, overwrite: bool = False) -> Store:
     """Add ``variants``, [(set name, variant name, VariantRows, attributes or None)], to the store
     at ``target``: all checked first (names, not present unless ``overwrite``, rows and values, ids
-    when given), then written one by one."""
-    target = writable(target)
+    when given), then written one by one, all under the store's writer lock (``locking.writing``)."""
+    where = target.path if isinstance(target, Store) else target
+    with writing(where):
+        refuse_links(where)
+        return _add_locked(writable(target), variants, overwrite)
+
+
+def _add_locked(target, variants, overwrite: bool) -> Store:
     store = open_store(target, mode="r+")
     _refuse_distances(store)
     seen = set()

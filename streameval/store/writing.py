@@ -13,17 +13,22 @@ import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from ..errors import StoreError, one_line
+from ..locking import replacing, writing
+from ..outputs import refuse_foreign
 from .layout import (CAMERAS_ATTR, CHECKSUM_BYTES, COMMITTED_ATTR, DEFAULT_CHUNK_ROWS, FIELDS, ID_FILL, RECREATE, SCHEMA_VERSION, UID_ATTR,
-                     FeatureSet, Store, describe, is_local_path, open_store)
+                     FeatureSet, Store, describe, is_local_path, open_store, refuse_links)
 from .paths import appended_paths, write_path_rows
 from .values import check_batch, check_metric, feature_dtype
 from .variants import appended_variants
 
 
 def refuse_existing(target, overwrite: bool) -> None:
-    """Never replace what is at a path unasked."""
-    if is_local_path(target) and os.path.lexists(target) and not overwrite:
+    """Never replace what is at a path unasked, nor, even asked, what streameval did not write."""
+    if not (is_local_path(target) and os.path.lexists(target)):
+        return
+    if not overwrite:
         raise StoreError(f"'{os.fspath(target)}' already exists; pass --overwrite (overwrite=True) to replace it")
+    refuse_foreign(target, "streameval_schema", "store")
 
 
 def _remove(path) -> None:
@@ -37,32 +42,42 @@ def _remove(path) -> None:
 def new_store(target, overwrite: bool):
     """Around creating and filling a store at ``target`` (``create_store`` ... ``commit_gallery``).
 
-    With ``overwrite``, what is at ``target`` is deleted first (so the new store never needs the room
-    of both).  If anything fails while writing, the partial store is removed; an OSError (no space
-    left, read-only file system, permission denied) becomes a StoreError naming the path.
+    With ``overwrite``, the store at ``target`` is deleted first (so the new store never needs the room
+    of both), and only a store (``refuse_existing``).  The store's writer lock is held throughout
+    (``locking.writing``, creating: readers wait), and a store being read is not replaced.  If
+    anything fails while writing, the partial store is removed; an OSError (no space left, read-only
+    file system, permission denied) becomes a StoreError naming the path.
     """
     path = describe(target)
     refuse_existing(target, overwrite)
-    replaced = is_local_path(target) and os.path.lexists(target)
-    if replaced:
+    with writing(target, creating=True):
+        refuse_existing(target, overwrite)  # again under the lock: another writer may have made it meanwhile
+        replaced = is_local_path(target) and os.path.lexists(target)
+        if replaced:
+            _replace(target, path)
         try:
-            _remove(target)
-        except OSError as exc:
-            raise StoreError(f"cannot replace '{path}': {exc.strerror or exc} (it may be partly deleted)") from None
-    try:
-        yield
-    except BaseException as exc:
-        partial = is_local_path(target) and os.path.lexists(target)
-        if partial:
-            with contextlib.suppress(OSError):
-                _remove(target)
-        if isinstance(exc, OSError):
-            notes = ["the old store had been deleted first (--overwrite)"] if replaced else []
+            yield
+        except BaseException as exc:
+            partial = is_local_path(target) and os.path.lexists(target)
             if partial:
-                notes.append("the partial store could not be removed" if os.path.lexists(target)
-                             else "the partial store was removed")
-            raise StoreError("; ".join([f"cannot write '{path}': {exc.strerror or exc}", *notes])) from None
-        raise
+                with contextlib.suppress(OSError):
+                    _remove(target)
+            if isinstance(exc, OSError):
+                notes = ["the old store had been deleted first (--overwrite)"] if replaced else []
+                if partial:
+                    notes.append("the partial store could not be removed" if os.path.lexists(target)
+                                 else "the partial store was removed")
+                raise StoreError("; ".join([f"cannot write '{path}': {exc.strerror or exc}", *notes])) from None
+            raise
+
+
+def _replace(target, path: str) -> None:
+    """Delete the store at ``target`` for a new one, once nobody reads it (``locking.replacing``)."""
+    try:
+        with replacing(target) if os.path.isdir(target) and not os.path.islink(target) else contextlib.nullcontext():
+            _remove(target)
+    except OSError as exc:
+        raise StoreError(f"cannot replace '{path}': {exc.strerror or exc} (it may be partly deleted)") from None
 
 
 def create_store(
@@ -218,8 +233,15 @@ def append_batches(target, n_rows: int, batches, paths=None, variants=None) -> S
     Data first, the committed row count last: interrupted anywhere, the store still reads as it was
     (a half-written tail past the committed rows is ignored, and dropped by the next append).  An
     OSError (no space left...) becomes a StoreError saying so, after dropping the tail written so far.
+    All under the store's writer lock (``locking.writing``): a concurrent writer waits or is refused.
     """
+    with writing(target):  # the committed count read here is the one the rows go after
+        return _append_locked(target, n_rows, batches, paths, variants)
+
+
+def _append_locked(target, n_rows: int, batches, paths, variants) -> Store:
     appendable(target)
+    refuse_links(target)
     store = open_store(target, mode="r+")
     fs = store.gallery
     start = len(fs)

@@ -19,6 +19,7 @@ from .. import graph
 from ..errors import OptionError
 from ..evaluate import (Execution, Settings, _as_store, full_state, gallery_metadata, make_result, oriented,
                         run_plan, session, store_set)
+from ..locking import writing
 from ..progress import Phases
 from ..state import QueryState
 from ..store import Store
@@ -57,31 +58,32 @@ def run_suite(data, suite: Suite | str, *, storage_options: dict | None = None, 
     settings = suite_settings(store, suite)
     base = oriented(store, settings.protocol)
     groups = open_groups(store, settings, suite)
-    if state is not None:
-        from .state import check_state_target
+    with writing(state):  # the suite state's writer lock, from its check to its record (none without a state)
+        if state is not None:
+            from .state import check_state_target
 
-        check_state_target(state, overwrite_state, settings)
-    meta = gallery_metadata(base, settings)  # from the clean rows: the variants share their ids
-    by_pair, passes = {}, 0
-    views = [stacked_view(base, gallery, queries) for gallery, queries in groups]
-    with session(views[0], settings, execution, phases, label="streameval suite") as runner:
-        plans = [run_plan(view, settings, execution, runner.plan.workers) for view in views]
-        announce(runner, views, plans)
-        for (gallery, queries), view, plan in zip(groups, views, plans):
-            runner.plan = plan
-            query_state, read, _ = full_state(view, settings, runner, meta)
-            passes += len(runner.plan.query_ranges(len(view.query)))
-            by_pair.update(split_results(base, settings, runner, gallery, queries, query_state, read, meta))
-            if state is not None:
-                from .state import save_group
+            check_state_target(state, overwrite_state, settings)
+        meta = gallery_metadata(base, settings)  # from the clean rows: the variants share their ids
+        by_pair, passes = {}, 0
+        views = [stacked_view(base, gallery, queries) for gallery, queries in groups]
+        with session(views[0], settings, execution, phases, label="streameval suite") as runner:
+            plans = [run_plan(view, settings, execution, runner.plan.workers) for view in views]
+            announce(runner, views, plans)
+            for (gallery, queries), view, plan in zip(groups, views, plans):
+                runner.plan = plan
+                query_state, read, _ = full_state(view, settings, runner, meta)
+                passes += len(runner.plan.query_ranges(len(view.query)))
+                by_pair.update(split_results(base, settings, runner, gallery, queries, query_state, read, meta))
+                if state is not None:
+                    from .state import save_group
 
-                save_group(state, view, settings, query_state, gallery[0])
-    if state is not None:
-        from .state import finish_state
+                    save_group(state, view, settings, query_state, gallery[0])
+        if state is not None:
+            from .state import finish_state
 
-        finish_state(state, suite)
-        phases.lap("saving state")
-    return suite_result(store, settings, suite, by_pair, passes, phases)
+            finish_state(state, suite)
+            phases.lap("saving state")
+        return suite_result(store, settings, suite, by_pair, passes, phases)
 
 
 def open_groups(store: Store, settings: Settings, suite: Suite) -> list:

@@ -16,6 +16,7 @@ import os
 
 from ..statestore import StateError
 from ..evaluate import Execution, _as_store, gallery_metadata, oriented, run_plan, session
+from ..locking import writing
 from ..outputs import check_directory, check_folder, write_text
 from ..progress import Phases
 from .plan import Suite
@@ -81,25 +82,26 @@ def update_suite(data, state, *, storage_options: dict | None = None, **options)
     phases = Phases()
     execution = Execution.from_options("update_suite", options)
     store = _as_store(data, storage_options)
-    suite = load_suite_record(state)
-    settings = suite_settings(store, suite)
-    base = oriented(store, settings.protocol)
-    meta = gallery_metadata(base, settings)  # from the clean rows: the variants share their ids
-    groups = open_groups(store, settings, suite)
-    saved = {g: load_state(group_folder(state, g)) for (g, _), _ in groups}
-    by_pair, passes, facts = {}, 0, {}
-    with session(stacked_view(base, *groups[0]), settings, execution, phases,
-                 label="streameval suite update") as runner:
-        for gallery, queries in groups:
-            view = stacked_view(base, gallery, queries)
-            query_hash = check_matches(saved[gallery[0]], view, settings)
-            runner.plan = run_plan(view, settings, execution, runner.plan.workers)
-            new, done, _, _ = advance(view, settings, runner, saved[gallery[0]].query_state, meta)
-            if done["rows_added"]:
-                facts[gallery[0]] = done
-                passes += len(runner.plan.query_ranges(len(view.query)))
-                save_group(state, view, settings, new, gallery[0], query_hash)
-            by_pair.update(split_results(base, settings, runner, gallery, queries, new, 0, meta))
-    result = suite_result(store, settings, suite, by_pair, passes, phases)
-    result.execution["update"] = facts
-    return result
+    with writing(state):  # from loading to saving: two updates of one state would each save over the other
+        suite = load_suite_record(state)
+        settings = suite_settings(store, suite)
+        base = oriented(store, settings.protocol)
+        meta = gallery_metadata(base, settings)  # from the clean rows: the variants share their ids
+        groups = open_groups(store, settings, suite)
+        saved = {g: load_state(group_folder(state, g)) for (g, _), _ in groups}
+        by_pair, passes, facts = {}, 0, {}
+        with session(stacked_view(base, *groups[0]), settings, execution, phases,
+                     label="streameval suite update") as runner:
+            for gallery, queries in groups:
+                view = stacked_view(base, gallery, queries)
+                query_hash = check_matches(saved[gallery[0]], view, settings)
+                runner.plan = run_plan(view, settings, execution, runner.plan.workers)
+                new, done, _, _ = advance(view, settings, runner, saved[gallery[0]].query_state, meta)
+                if done["rows_added"]:
+                    facts[gallery[0]] = done
+                    passes += len(runner.plan.query_ranges(len(view.query)))
+                    save_group(state, view, settings, new, gallery[0], query_hash)
+                by_pair.update(split_results(base, settings, runner, gallery, queries, new, 0, meta))
+        result = suite_result(store, settings, suite, by_pair, passes, phases)
+        result.execution["update"] = facts
+        return result
