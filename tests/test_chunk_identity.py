@@ -27,6 +27,7 @@ from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from streameval import StoreError, append_gallery, evaluate, open_store, validate_values
 from streameval.store import ID_FILL, read_rows, rows_fingerprint
+from streameval.store.paths import read_paths, write_paths
 
 from test_hostile_store import CHUNK, assert_one_error, chunk_file, cli, store
 from test_store import make_data, write
@@ -101,6 +102,17 @@ def test_a_pids_chunk_copied_from_another_store_of_the_same_layout_fails(tmp_pat
     line = assert_one_error(cli("validate", path), 3, expected)
     assert str(chunk_file(path, "gallery/pids", 2)) in line
     assert_one_error(cli("eval", path, "--quiet", "--workers", "1"), 3, expected)
+
+
+def test_every_array_is_checked_by_the_one_read_path_image_paths_too(tmp_path):
+    """Not only features and ids: the check sits under every array of the store (here the image
+    paths, read by their own reader)."""
+    path = store(tmp_path)
+    write_paths(path, "gallery", [f"g/{i:03d}.png" for i in range(80)])
+    assert read_paths(open_store(path), "gallery", [20]) == ["g/020.png"]
+    swap(path / "gallery" / "paths" / "c" / "0", path / "gallery" / "paths" / "c" / "1")
+    with pytest.raises(StoreError, match="cannot read gallery/paths"):
+        read_paths(open_store(path), "gallery", [20])
 
 
 def test_a_whole_store_copy_is_still_a_valid_store(tmp_path):
