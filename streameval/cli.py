@@ -13,12 +13,13 @@ import functools
 import json
 import sys
 import time
+import warnings
 
 import click
 
 from . import outputs
 from .choices import MAX_RANK_LIMIT, METRICS, PRECISIONS, SUMMARY_FORMATS
-from .errors import StreamevalError
+from .errors import StoreWarning, StreamevalError
 from .plan import SIZE_UNITS, parse_bytes
 from .suite.plan import PRESETS as SUITE_PRESETS
 
@@ -44,7 +45,10 @@ class _Group(click.Group):
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            with warnings.catch_warnings():
+                warnings.simplefilter("always", StoreWarning)  # once per store: store.layout.warn_once
+                warnings.showwarning = _show_warning
+                return super().invoke(ctx)
         except StreamevalError as exc:
             _fail(ctx, str(exc), exc.exit_code)
         except KeyboardInterrupt:
@@ -55,6 +59,17 @@ class _Group(click.Group):
         except OSError as exc:  # the file system refused (full disk, permissions) outside a checked write
             where = f" '{exc.filename}'" if exc.filename else ""
             _fail(ctx, f"{exc.strerror or exc}{where}", 3)
+
+
+_PYTHON_SHOWWARNING = warnings.showwarning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """StoreWarning as one ``warning:`` line; other warnings as Python prints them."""
+    if issubclass(category, StoreWarning):
+        click.echo(f"warning: {message}", err=True)
+    else:
+        _PYTHON_SHOWWARNING(message, category, filename, lineno, file, line)
 
 
 def _fail(ctx, message: str, code: int):
@@ -738,14 +753,18 @@ def warmup(**options):
 
 @main.command()
 @click.argument("store", type=click.Path())
-def validate(store):
+@click.option("--upgrade", is_flag=True,
+              help="First bind the chunks of a store of schema 2 to their place (chunk identity), in place; "
+                   "a store of schema 3 is left as it is.")
+def validate(store, upgrade):
     """Check STORE's structure and read every chunk: missing chunk files, checksum mismatches
-    (damaged files), NaN or inf features and reserved ids are reported, feature variants included."""
+    (damaged files, chunk files moved, swapped or copied from another store), NaN or inf features
+    and reserved ids are reported, feature variants included."""
     from .report import store_summary
-    from .store import open_store, validate_values
+    from .store import open_store, upgrade_store, validate_values
     from .store.variants import validate_variants
 
-    opened = open_store(store)
+    opened = upgrade_store(store, say=functools.partial(click.echo, err=True)) if upgrade else open_store(store)
     validate_values(opened)
     validate_variants(opened)
     click.echo(store_summary(opened))

@@ -24,6 +24,10 @@ class OptionError(StreamevalError):
     exit_code = 2
 
 
+class StoreWarning(UserWarning):
+    """The store reads correctly but lacks a safeguard (the CLI prints it as one ``warning:`` line)."""
+
+
 def one_line(exc: BaseException) -> str:
     """An exception as a short single line, for messages that wrap a library's error (zarr and
     codec messages can span lines)."""

@@ -34,6 +34,7 @@ from click.testing import CliRunner
 import streameval
 from streameval.cli import main
 from streameval.statestore import POINTER, load_state
+from streameval.store import open_group
 from streameval.statistics.dedup import EMPTY
 
 from test_incremental import comparable, make_store, random_rows
@@ -378,7 +379,7 @@ def test_a_missing_array_is_refused(saved):
 @pytest.mark.parametrize("edit", ["relabel a pid", "rewrite a feature row"])
 def test_a_gallery_edited_in_place_is_refused(saved, edit):
     store, state = saved
-    gallery = zarr.open_group(store, mode="r+")["gallery"]
+    gallery = open_group(store, mode="r+")["gallery"]
     if edit == "relabel a pid":  # row 100: in the middle of the second chunk, between the rows a sample would take
         gallery["pids"][100] = gallery["pids"][100] + 1
     else:

@@ -24,7 +24,8 @@ from streameval import convert as convert_mod
 from streameval import synth as synth_mod
 from streameval.cli import main
 from streameval.convert import convert_npz
-from streameval.store import COMMITTED_ATTR, ID_FILL, read_rows, reading, rows_fingerprint
+from streameval.store.identity import ChunkIdentityStore
+from streameval.store import COMMITTED_ATTR, ID_FILL, open_group, read_rows, reading, rows_fingerprint
 
 from test_store import DIM, make_data, write
 
@@ -123,7 +124,7 @@ def test_a_missing_chunk_is_refused_by_a_real_process(tmp_path):
 
 def test_the_reserved_id_written_behind_streamevals_back_is_refused(tmp_path):
     path = store(tmp_path)
-    zarr.open_array(str(path / "gallery/pids"), mode="r+")[20] = ID_FILL  # its chunk file is there
+    open_group(path, mode="r+")["gallery/pids"][20] = ID_FILL  # its chunk file is there
     assert_one_error(cli("validate", path), 3,
                      f"gallery pids row 20 holds {ID_FILL}, the value reserved to mark missing chunks")
 
@@ -155,7 +156,7 @@ def test_a_store_of_schema_1_is_refused_with_how_to_recreate_it(tmp_path):
 def test_a_schema_2_store_without_the_safeguards_is_refused(tmp_path, damage, message):
     """An array rewritten by another tool with zarr's defaults: missing chunks would read as zeros."""
     path = store(tmp_path)
-    group = zarr.open_group(str(path), mode="r+")
+    group = open_group(path, mode="r+")
     pids = group["gallery/pids"][:]
     del group["gallery/pids"]
     if damage == "no checksum":
@@ -234,7 +235,7 @@ def test_rows_fingerprint_notices_a_rewrite_in_any_chunk(tmp_path):
     rows = 72  # chunks 0-3 wholly inside, chunk 4 (rows 64-79) partly
     before = rows_fingerprint(open_store(path).gallery, rows)
     assert rows_fingerprint(open_store(path).gallery, rows) == before  # deterministic
-    arrays = zarr.open_group(str(path), mode="r+")
+    arrays = open_group(path, mode="r+")
     for key, row in [("gallery/pids", 3), ("gallery/camids", 40), ("gallery/features", 55), ("gallery/pids", 70),
                      ("gallery/features", 64)]:
         old = arrays[key][row]
@@ -264,14 +265,14 @@ def test_rows_fingerprint_reads_one_checksum_per_whole_chunk(tmp_path, monkeypat
     write(path, make_data(n_gallery=2000), chunk_rows=CHUNK)
     fs = open_store(path).gallery
     requests = []
-    real_get = zarr.storage.LocalStore.get
+    real_get = ChunkIdentityStore.get  # every chunk read of the store goes through it
 
     async def counting_get(self, key, prototype=None, byte_range=None):
         buffer = await real_get(self, key, prototype, byte_range)
         requests.append((key, byte_range, 0 if buffer is None else len(buffer)))
         return buffer
 
-    monkeypatch.setattr(zarr.storage.LocalStore, "get", counting_get)
+    monkeypatch.setattr(ChunkIdentityStore, "get", counting_get)
     rows = 1990  # 124 whole chunks, then rows 1984-1989 of the last one
     rows_fingerprint(fs, rows)
     chunk_reads = [r for r in requests if "/c/" in r[0]]

@@ -12,7 +12,7 @@ from matplotlib import image as mpimage
 
 import streameval
 from streameval import OptionError, StoreError, append_gallery, open_store, write_store
-from streameval.store import read_ids, read_rows
+from streameval.store import open_group, read_ids, read_rows
 from streameval.store.paths import read_paths, write_paths
 from streameval import synth
 from streameval.synth import GROUP_SIZE, IMAGE_HEIGHT, IMAGE_WIDTH
@@ -47,7 +47,7 @@ def test_paths_round_trip_by_slice_and_by_rows_in_the_order_asked(store):
     assert read_paths(opened, "gallery", slice(3, 9)) == names("g", 10)[3:9]  # across chunk boundaries
     assert read_paths(opened, "gallery", np.array([9, 0, 4, 4])) == [names("g", 10)[i] for i in (9, 0, 4, 4)]
     assert read_paths(opened, "query", [5]) == ["q/ü 005.png"]
-    arr = zarr.open_group(str(store), mode="r")["gallery/paths"]
+    arr = open_group(str(store), mode="r")["gallery/paths"]
     assert arr.chunks == (CHUNK,) and arr.dtype.kind == "T"  # chunked like the rows, variable-length strings
 
 
@@ -115,7 +115,7 @@ def test_appends_bring_their_paths_or_are_refused(tmp_path, store):
 
 
 def test_an_unfinished_appends_paths_are_not_read_and_the_next_append_replaces_them(store):
-    tail = zarr.open_group(str(store), mode="r+")["gallery/paths"]
+    tail = open_group(str(store), mode="r+")["gallery/paths"]
     tail.resize((13,))
     tail[10:13] = np.array(["t/0.png", "t/1.png", "t/2.png"], dtype=np.dtypes.StringDType())
     assert read_paths(open_store(store), "gallery", slice(None)) == names("g", 10)
@@ -127,7 +127,7 @@ def test_an_unfinished_appends_paths_are_not_read_and_the_next_append_replaces_t
 
 
 def test_gallery_rows_without_paths_are_reported(store):
-    zarr.open_group(str(store), mode="r+")["gallery/paths"].resize((9,))
+    open_group(str(store), mode="r+")["gallery/paths"].resize((9,))
     with pytest.raises(StoreError, match="has 9 entries for 10 gallery rows"):
         read_paths(open_store(store), "gallery", [0])
 

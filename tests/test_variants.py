@@ -7,12 +7,12 @@ import json
 
 import numpy as np
 import pytest
-import zarr
 
 import streameval
 import streameval.store.writing
 from cli_checks import cli, one_error_line
 from streameval import OptionError, StoreError, append_gallery, evaluate, open_store, write_store
+from streameval.store import open_group
 from streameval.store.variants import CLEAN, variant_attrs, variant_columns, variant_names, variant_set, write_variant
 from streameval.suite.plan import preset_variants
 from streameval.synth import CORRUPTIONS, MAX_SEVERITY, synthesize
@@ -152,7 +152,7 @@ def test_a_damaged_variant_is_refused_on_opening(tmp_path):
     data = problem()
     path = tmp_path / "s.zarr"
     write_variant(make_store(path, data), "gallery", "v", data["gf"], severity=np.ones(NG, int))
-    group = zarr.open_group(str(path), mode="r+")
+    group = open_group(str(path), mode="r+")
     group["gallery/variants/v/features"].attrs["complete"] = False  # as a write interrupted before its end
     with pytest.raises(StoreError, match="'.*' gallery variant 'v' was not written completely"):
         variant_set(open_store(path), "gallery", "v")
@@ -209,7 +209,7 @@ def test_append_writes_every_gallery_variant(tmp_path):
 
 def snapshot(path) -> dict:
     """Every array of the store, whole (uncommitted tails included), and the attributes."""
-    group = zarr.open_group(str(path), mode="r")
+    group = open_group(str(path), mode="r")
     arrays = {key: np.asarray(arr[...]) for key, arr in group.arrays()}
     for name in ("query", "gallery"):
         for key, arr in group[name].arrays():

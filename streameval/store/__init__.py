@@ -1,8 +1,8 @@
 """The feature store: a zarr v3 group holding query and gallery features.
 
-Layout (schema version 2)::
+Layout (schema version 3)::
 
-    STORE.zarr/                       group attrs: streameval_schema = 2,
+    STORE.zarr/                       group attrs: streameval_schema = 3,
                                                    default_metric = "euclidean",
                                                    committed_gallery_rows, store_uid
         query/features   (Nq, D)  float16 | float32, chunked (rows, D): never split along D
@@ -26,6 +26,12 @@ Damage cannot read as data (what schema 2 adds to schema 1):
 * ``committed_gallery_rows``: readers see only the gallery rows written completely (appends write
   the data first, this count last).
 
+A chunk is valid only in its place (what schema 3 adds to schema 2): its stored checksum is XORed
+with a tag of the store's uid and the chunk's key (array path and index), applied and removed by
+the ``identity.ChunkIdentityStore`` every array of the store is opened on, so zarr's own crc32c
+check refuses a chunk file moved, swapped or copied from another store.  Schema 2 stores read as
+before (with a warning); ``upgrade_store`` (``streameval validate --upgrade``) binds their chunks.
+
 Every read of chunk data goes through ``read_field``, which turns a damaged or missing chunk into a
 :class:`~streameval.errors.StoreError` naming the set, the rows and the chunk file.
 
@@ -38,24 +44,25 @@ Values are checked before they are written (``check_batch``): finite features wh
 precision in the stored dtype, ids that fit int64 and are not the reserved fill value.
 
 The package is split by step: ``layout`` (schema constants, FeatureSet / Store, ``open_store``),
+``identity`` (chunk checksums bound to their place),
 ``values`` (checks before writing), ``writing`` (create, fill, append), ``reading`` (chunk reads,
 ``validate_values``, ``rows_fingerprint``), ``variants`` (named feature variants of a set, beside its
 features: docs/variants.md).  The names below are its public interface.
 """
 
 from .layout import (COMMITTED_ATTR, DEFAULT_CHUNK_ROWS, FEATURE_DTYPES, FIELDS, ID_FILL, METRICS, SCHEMA_VERSION, SETS,
-                     FeatureSet, Store, describe, is_local_path, open_store)
+                     FeatureSet, Store, describe, is_local_path, open_group, open_store)
 from .reading import read_field, read_ids, read_rows, rows_fingerprint, validate_values
 from .values import check_batch, check_features, check_ids, check_metric, feature_dtype, row_number
 from .variants import CLEAN, variant_attrs, variant_columns, variant_names, variant_set, write_variant
 from .writing import (append_batches, append_gallery, appendable, commit_gallery, create_store, estimated_bytes, new_store,
-                      refuse_existing, write_rows, write_store)
+                      refuse_existing, upgrade_store, write_rows, write_store)
 
 __all__ = [
     "COMMITTED_ATTR", "DEFAULT_CHUNK_ROWS", "FEATURE_DTYPES", "FIELDS", "ID_FILL", "METRICS", "SCHEMA_VERSION",
-    "SETS", "FeatureSet", "Store", "describe", "is_local_path", "open_store", "read_field", "read_ids", "read_rows",
+    "SETS", "FeatureSet", "Store", "describe", "is_local_path", "open_group", "open_store", "read_field", "read_ids", "read_rows",
     "rows_fingerprint", "validate_values", "check_batch", "check_features", "check_ids", "check_metric",
     "feature_dtype", "row_number", "append_batches", "append_gallery", "appendable", "commit_gallery", "create_store",
-    "estimated_bytes", "new_store", "refuse_existing", "write_rows", "write_store", "CLEAN", "variant_attrs",
+    "estimated_bytes", "new_store", "refuse_existing", "upgrade_store", "write_rows", "write_store", "CLEAN", "variant_attrs",
     "variant_columns", "variant_names", "variant_set", "write_variant",
 ]

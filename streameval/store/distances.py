@@ -4,7 +4,7 @@ What re-ranking tools (k-reciprocal, query expansion) produce, and what every ev
 accepts, in an out-of-core form.  The engine evaluates it with the same protocols and statistics as
 features, with the stored values as the distances (no GEMM: ``kernels.PRECOMPUTED``)::
 
-    STORE.zarr/                  group attrs: streameval_schema = 2, content = "distances",
+    STORE.zarr/                  group attrs: streameval_schema = 3, content = "distances",
                                               kind = "distance" | "similarity", committed_gallery_rows, store_uid
         query/pids, query/camids      (Nq,)       int64, as in a feature store
         gallery/pids, gallery/camids  (Ng,)       int64

@@ -4,6 +4,7 @@ structural check metadata allows (see the package docstring)."""
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,11 +12,13 @@ import zarr
 from zarr.codecs import Crc32cCodec
 
 from ..choices import INT64_MIN, METRICS
-from ..errors import StoreError, one_line
+from ..errors import StoreError, StoreWarning, one_line
 from ..locking import reading
+from .identity import UPGRADING_ATTR, bound_group
 
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: chunk checksums bound to the chunk's place (store.identity); 2 is still read
+LEGACY_SCHEMA = 2  # crc32c checksums of the bytes alone: read as before, upgraded by 'validate --upgrade'
 COMMITTED_ATTR = "committed_gallery_rows"
 UID_ATTR = "store_uid"  # random, made when a store is created: a rewritten store gets a new one
 CAMERAS_ATTR = "cameras"  # false: the input had no camera ids, every row is camera 0 (protocols without cameras only)
@@ -132,22 +135,9 @@ def open_store(target, mode: str = "r", storage_options: dict | None = None, _wr
     ``create_store`` + ``write_rows``, whose gallery rows are not committed yet.)
     """
     path = describe(target)
-    if is_local_path(target) and not os.path.exists(path):
-        raise StoreError(f"no feature store at '{path}' (create one with 'streameval synth' or 'streameval convert')")
-    lock = reading(path) if is_local_path(target) else None
-    try:
-        group = zarr.open_group(target, mode=mode, storage_options=storage_options or None)
-        attrs = dict(group.attrs)
-    except Exception as exc:  # zarr raises several types for "not a group"
-        raise StoreError(f"'{path}' is not a zarr v3 group: {one_line(exc)}") from None
-    schema = attrs.get("streameval_schema")
-    if schema == 1:
-        raise StoreError(f"'{path}' was written by an older streameval (store schema 1: no chunk checksums, "
-                         f"missing chunks read as zeros); {RECREATE}")
-    if schema != SCHEMA_VERSION:
-        raise StoreError(
-            f"'{path}' is not a streameval store of schema {SCHEMA_VERSION} (attribute streameval_schema={schema!r})"
-        )
+    lock = reading(path) if is_local_path(target) else None  # None where there is no store: open_group says so
+    group = open_group(target, mode, storage_options)
+    attrs = group.attrs.asdict()
     committed = None if _writing else _committed_rows(attrs, path)
     kind = _content_kind(attrs, path)
     if kind != "features":
@@ -169,6 +159,63 @@ def open_store(target, mode: str = "r", storage_options: dict | None = None, _wr
         raise StoreError(f"'{path}': default_metric {default_metric!r} is not one of {', '.join(METRICS)}")
     return Store(path=path, query=query, gallery=gallery, default_metric=default_metric, uid=attrs.get(UID_ATTR),
                  cameras=attrs.get(CAMERAS_ATTR) is not False, reader_lock=lock)
+
+
+def open_group(target, mode: str = "r", storage_options: dict | None = None) -> zarr.Group:
+    """The store's zarr group, without the structure checks of ``open_store``: zarr's own API on a
+    store whose chunks carry their identity (schema 3) must go through this group (plain
+    ``zarr.open_group`` reads every chunk checksum there as a mismatch, and writes chunks that
+    fail in their place)."""
+    group, attrs = plain_group(target, mode, storage_options)
+    return _identity_bound(group, attrs, describe(target), mode)
+
+
+def plain_group(target, mode: str = "r", storage_options: dict | None = None) -> tuple[zarr.Group, dict]:
+    """The store's zarr group on its zarr store as it is (chunk checksums as stored), and its
+    attributes; StoreError when there is no zarr group."""
+    path = describe(target)
+    if is_local_path(target) and not os.path.exists(path):
+        raise StoreError(f"no feature store at '{path}' (create one with 'streameval synth' or 'streameval convert')")
+    try:
+        group = zarr.open_group(target, mode=mode, storage_options=storage_options or None)
+        return group, group.attrs.asdict()
+    except Exception as exc:  # zarr raises several types for "not a group"
+        raise StoreError(f"'{path}' is not a zarr v3 group: {one_line(exc)}") from None
+
+
+def _identity_bound(group: zarr.Group, attrs: dict, path: str, mode: str) -> zarr.Group:
+    """The store's group, on a ChunkIdentityStore when its chunks carry their identity (schema 3);
+    a schema 2 store is read as it is, with a warning saying how to upgrade it."""
+    schema = attrs.get("streameval_schema")
+    if schema == 1:
+        raise StoreError(f"'{path}' was written by an older streameval (store schema 1: no chunk checksums, "
+                         f"missing chunks read as zeros); {RECREATE}")
+    if schema not in (LEGACY_SCHEMA, SCHEMA_VERSION):
+        raise StoreError(f"'{path}' is not a streameval store of schema {LEGACY_SCHEMA} or {SCHEMA_VERSION} "
+                         f"(attribute streameval_schema={schema!r})")
+    if attrs.get(UPGRADING_ATTR):
+        raise StoreError(f"'{path}': the upgrade of its chunks to their identity was interrupted; finish it with "
+                         f"'streameval validate --upgrade {path}'")
+    if schema == LEGACY_SCHEMA:
+        warn_once(f"'{path}' is a store of schema {LEGACY_SCHEMA}: its chunk checksums do not say which chunk they "
+                  f"are (moved or swapped chunk files go unnoticed); upgrade it in place with "
+                  f"'streameval validate --upgrade {path}'")
+        return group
+    uid = attrs.get(UID_ATTR)
+    if not isinstance(uid, str) or not uid:
+        raise StoreError(f"'{path}': attribute {UID_ATTR} is {uid!r}, not a store id (the store's metadata is "
+                         f"damaged); {RECREATE}")
+    return bound_group(group, uid, mode)
+
+
+_warned: set = set()
+
+
+def warn_once(message: str) -> None:
+    """A StoreWarning, once per process for each message (stores are opened many times a command)."""
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, StoreWarning, stacklevel=3)
 
 
 def _content_kind(attrs: dict, path: str) -> str:

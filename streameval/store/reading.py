@@ -15,6 +15,7 @@ from zarr.core.common import concurrent_map
 from zarr.core.sync import sync
 
 from ..errors import StoreError, one_line
+from .identity import DAMAGED, checksum_failure, plain_store
 from .layout import CHECKSUM_BYTES, FIELDS, FeatureSet, ID_FILL, Store
 from .values import row_number
 
@@ -31,9 +32,10 @@ def _chunk_key(arr: zarr.Array, index: int) -> str:
 def _chunk_location(arr: zarr.Array, index: int) -> str:
     """The chunk's file (a local path, else the store's URL and the key)."""
     where = arr.store_path / _chunk_key(arr, index)
-    if isinstance(where.store, zarr.storage.LocalStore):
-        return os.path.join(where.store.root, where.path)
-    return str(where)
+    store = plain_store(where.store)
+    if isinstance(store, zarr.storage.LocalStore):
+        return os.path.join(store.root, where.path)
+    return f"{store}/{where.path}"
 
 
 def _chunks_read(arr: zarr.Array, rows) -> list[int]:
@@ -54,15 +56,19 @@ def _damaged(fs: FeatureSet, field: str, rows, exc: Exception) -> StoreError:
         try:
             arr[first:stop]
         except Exception as chunk_exc:
+            reason, advice = _read_failure(arr, index, chunk_exc)
             return StoreError(f"{fs.name} rows {first}-{stop - 1}: the {field} chunk {_chunk_location(arr, index)} "
-                              f"cannot be read ({_read_failure(chunk_exc)}); the store is damaged: restore that file "
-                              "or recreate the store")
-    return StoreError(f"cannot read {fs.name} {field} from '{arr.store_path}' ({_read_failure(exc)})")
+                              f"cannot be read ({reason}); {advice}")
+    return StoreError(f"cannot read {fs.name} {field} from '{arr.store_path}' ({one_line(exc)})")
 
 
-def _read_failure(exc: Exception) -> str:
+def _read_failure(arr: zarr.Array, index: int, exc: Exception) -> tuple[str, str]:
+    """What is wrong with a chunk that failed to read, and what to do: a checksum that does not
+    match (``identity.checksum_failure``), or what zarr said."""
     text = one_line(exc)
-    return "its crc32c checksum does not match its bytes" if "checksum do not match" in text else text
+    if "checksum do not match" in text:
+        return checksum_failure(arr, (arr.store_path / _chunk_key(arr, index)).path)
+    return text, DAMAGED
 
 
 def _filled(fs: FeatureSet, field: str, row: int) -> StoreError:

@@ -7,16 +7,18 @@ import contextlib
 import os
 import shutil
 import uuid
+import warnings
 
 import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
-from ..errors import StoreError, one_line
+from ..errors import StoreError, StoreWarning, one_line
 from ..locking import replacing, writing
 from ..outputs import refuse_foreign
 from .layout import (CAMERAS_ATTR, CHECKSUM_BYTES, COMMITTED_ATTR, DEFAULT_CHUNK_ROWS, FIELDS, ID_FILL, RECREATE, SCHEMA_VERSION, UID_ATTR,
-                     FeatureSet, Store, describe, is_local_path, open_store, refuse_links)
+                     FeatureSet, Store, describe, is_local_path, open_store, plain_group, refuse_links)
+from .identity import UPGRADING_ATTR, bound_group, upgrade
 from .paths import appended_paths, write_path_rows
 from .values import check_batch, check_metric, feature_dtype
 from .variants import appended_variants
@@ -121,8 +123,10 @@ def create_group(target, n_query: int, n_gallery: int, attrs: dict, chunk_rows: 
     if min(n_query, n_gallery) <= 0:
         raise StoreError(f"cannot create a store with {n_query} queries and {n_gallery} gallery rows")
     refuse_existing(target, overwrite)
+    uid = uuid.uuid4().hex
     group = zarr.open_group(target, mode="w")
-    group.attrs.update({"streameval_schema": SCHEMA_VERSION, COMMITTED_ATTR: 0, UID_ATTR: uuid.uuid4().hex, **attrs})
+    group.attrs.update({"streameval_schema": SCHEMA_VERSION, COMMITTED_ATTR: 0, UID_ATTR: uid, **attrs})
+    group = bound_group(group, uid, "r+")  # every chunk written carries its identity
     for name, rows in (("query", n_query), ("gallery", n_gallery)):
         for field in ("pids", "camids"):
             group.create_array(f"{name}/{field}", shape=(rows,), dtype=np.int64, chunks=(_chunk(chunk_rows, rows),),
@@ -265,3 +269,21 @@ def _append_locked(target, n_rows: int, batches, paths, variants) -> Store:
                 arr.resize((start,) + arr.shape[1:])
         raise StoreError(f"cannot write '{describe(target)}': {exc.strerror or exc}; the store is unchanged "
                          f"(none of the {n_rows:,} rows were appended; it still has {start:,} gallery rows)") from None
+
+
+def upgrade_store(target, say=None) -> Store:
+    """Give the chunks of a store of schema 2 their identity, in place (``identity.upgrade``: each
+    chunk file replaced atomically, an interrupted upgrade finished by running it again); a store
+    of schema 3 is left as it is.  Returns the store reopened."""
+    path = describe(target)
+    with writing(target):  # it rewrites every chunk: no other writer meanwhile
+        group, attrs = plain_group(target, "r+")
+        if attrs.get(UPGRADING_ATTR) or attrs.get("streameval_schema") != SCHEMA_VERSION:
+            if not attrs.get(UPGRADING_ATTR):
+                with warnings.catch_warnings():  # the warning that says to run this
+                    warnings.simplefilter("ignore", StoreWarning)
+                    open_store(target)  # refuses what is not a structurally valid store of schema 2
+            upgrade(group, attrs.get(UID_ATTR), path, say)
+        elif say:
+            say(f"'{path}' is of schema {SCHEMA_VERSION} already: its chunks carry their identity")
+    return open_store(target)
