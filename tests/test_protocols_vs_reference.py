@@ -25,6 +25,8 @@ CHUNKINGS = [dict(), dict(query_block=5, gallery_chunk=7), dict(query_block=64, 
 CASES = {  # name: (protocol spec, overrides, gom)
     "market": ("market", {}, GOM),
     "none-zero-denominator": ("none", {"denominator": "zero"}, None),
+    # divided by each trial's queries, not by all queries (sysu's are the IR cameras' images only)
+    "sysu-indoor-zero-denominator": ("sysu-indoor", {"trials": 3, "denominator": "zero"}, None),
     "sysu-all": ("sysu-all", {"trials": 3}, GOM),
     "sysu-indoor-multishot": ("sysu-indoor", {"trials": 2, "shots": 2, "seed": 7}, None),
     "sysu-all-mangye16": ("sysu-all", {"trials": 3, "trial_source": "mangye16-random"}, None),
