@@ -48,3 +48,39 @@ def assert_stopped_in_one_line(code: int, stderr: str, signals) -> None:
     assert errors == [stderr.strip().splitlines()[-1]], stderr
     assert errors[0].startswith("error: interrupted (Ctrl-C)" if signals[0] == signal.SIGINT
                                 else "error: terminated (SIGTERM)"), stderr
+
+
+PAUSED = "paused, waiting for a signal"
+
+
+def paused_script(module: str, name: str, call: str) -> str:
+    """A script replacing ``module.name`` by a pause (it prints PAUSED and sleeps: the moment a signal
+    is to land), then running ``call`` (Python source; ``sys.argv`` holds the arguments); a
+    KeyboardInterrupt ends it with exit 130, as the console script would."""
+    return "\n".join([
+        "import importlib, sys, time",
+        "import numpy as np",
+        "import streameval",
+        "def pause(*args, **kwargs):",
+        f"    print({PAUSED!r}, flush=True)",
+        "    time.sleep(120)",
+        "    raise AssertionError('no signal came')",
+        f"setattr(importlib.import_module({module!r}), {name!r}, pause)",
+        "try:",
+        f"    {call}",
+        "except KeyboardInterrupt:",
+        "    sys.exit(130)",
+    ])
+
+
+def ctrl_c_at_pause(script: str, *args, timeout: float = 120) -> None:
+    """Run ``paused_script``'s script; once paused, send it a real SIGINT; it must end interrupted."""
+    proc = subprocess.Popen([sys.executable, "-c", script, *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline().strip()
+    if line != PAUSED:
+        _, err = proc.communicate(timeout=timeout)
+        pytest.fail(f"never paused (exit {proc.returncode}): {line}\n{err}")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 130, (proc.returncode, err)
