@@ -222,11 +222,12 @@ class Bar:
     the wall time between a task's finish and the one before it is booked to the task's pass, so a
     pass's cost is its booked seconds per unit of work done (``costs``).  A pass's first interval
     covers the ``workers`` tasks it started together while booking one task's work, so its cost
-    counts as measured only after a few rounds of them (``MEASURED_ROUNDS``; half its tasks, if fewer).  The range pass only finds
-    extremes where the scoring pass places every pair, and both costs depend on the data (the
-    positives per query), so no fixed model weighs them: until a pass has run, it is taken to cost
-    what the passes measured so far cost on average, and the ETA says "estimating" until every pass
-    with work left has a measured cost.
+    counts as measured only after a few rounds of them (``MEASURED_ROUNDS``; half its tasks, if
+    fewer).  The range pass only finds extremes where the scoring pass places every pair, and both
+    costs depend on the data (the positives per query), so no fixed model weighs them: until a pass
+    has run, it is taken to cost what the passes measured so far cost on average (the work model's
+    ratios: its first guess), and the ETA says "estimating" until every pass with work left has a
+    measured cost.
 
     The shown fraction advances at each finished task by the task's share of the time estimated left
     (``(1 - fraction) * task / left``): it never goes back, neither when a compute adds work nor when

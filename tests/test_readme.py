@@ -3,8 +3,9 @@
 Each ```python and ```bash block of README.md runs in a fresh directory, with the virtual
 environment running these tests first on PATH: bash blocks line by line (each line must exit 0),
 python blocks as typed at the prompt, each bare expression showing its value (must exit 0), the
-numbers they show or print then recomputed another way (``CHECKS``).  A ``streameval eval`` / ``update`` line must also leave
-its result: the --json file (or JSON on stdout), or the summary table.
+numbers they show or print then recomputed another way (``CHECKS``).  A ``streameval eval`` /
+``update`` line must also leave its result: the --json file (or JSON on stdout), or the summary
+table.
 
 A block that cannot run here carries a marker on the line before its opening fence::
 
