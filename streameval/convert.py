@@ -404,16 +404,27 @@ REMOVAL_WAIT_S = 10.0  # how long removing a temporary folder waits for writes s
 def temporary_folder():
     """A new private folder in the temporary directory ($TMPDIR), removed however the block ends.
 
-    Its name is chosen before it exists, so an interruption at any moment finds it named.  Removal
-    is retried until the folder is gone: an interrupted zarr write leaves its I/O thread finishing
-    the chunk writes the call had started, which can land after a first pass of ``rmtree``."""
+    Its name is chosen before it exists, so an interruption at any moment finds it named."""
     folder = os.path.join(tempfile.gettempdir(), f"streameval-{uuid.uuid4().hex}")
     try:
         os.mkdir(folder, 0o700)
         yield folder
     finally:
-        deadline = time.monotonic() + REMOVAL_WAIT_S
-        shutil.rmtree(folder, ignore_errors=True)
-        while os.path.lexists(folder) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _remove_folder(folder)
+
+
+def _remove_folder(folder: str) -> None:
+    """Remove ``folder``, retried until it is gone: an interrupted zarr write leaves its I/O thread
+    finishing the chunk writes the call had started, which can land after a first ``rmtree``.  A
+    Ctrl-C meanwhile (the run was over, or a second one) waits for the removal, then is raised."""
+    deadline, stopped = time.monotonic() + REMOVAL_WAIT_S, None
+    while True:
+        try:
             shutil.rmtree(folder, ignore_errors=True)
+            if not os.path.lexists(folder) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        except KeyboardInterrupt as exc:
+            stopped = exc
+    if stopped is not None:
+        raise stopped

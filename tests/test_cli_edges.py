@@ -240,6 +240,41 @@ def test_a_stopped_eval_of_a_file_leaves_no_temporary_store(npy_folder, tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
+REMOVAL_PAUSED = """
+import os, shutil, sys, time
+real, paused = shutil.rmtree, []
+def rmtree(path, *args, **kwargs):  # the temporary store's removal pauses once: a signal lands there
+    if os.path.basename(path).startswith("streameval-") and not paused:
+        paused.append(path)
+        print("paused", file=sys.stderr, flush=True)
+        time.sleep(60)
+    return real(path, *args, **kwargs)
+shutil.rmtree = rmtree
+from streameval.entry import main
+sys.argv = ["streameval", *sys.argv[1:]]
+main()
+"""
+
+
+def test_ctrl_c_while_the_temporary_store_is_removed_waits_for_the_removal(npy_folder, tmp_path):
+    """The evaluation over (its results printed), a Ctrl-C during the clean-up: the store is still
+    removed, and the run then says it was interrupted."""
+    proc = subprocess.Popen([sys.executable, "-c", REMOVAL_PAUSED, "eval", str(npy_folder)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, TMPDIR=str(tmp_path)))
+    seen = []
+    for line in proc.stderr:  # until the process ends
+        if line == "paused\n":
+            proc.send_signal(signal.SIGINT)
+        else:
+            seen.append(line)
+    out, err = proc.communicate(timeout=60)
+    err = "".join(seen) + err
+    assert "mAP" in out  # the evaluation was over
+    assert_stopped_in_one_line(proc.returncode, err, [signal.SIGINT])
+    assert list(tmp_path.iterdir()) == []
+
+
 # ---------------------------------------------------------------------------------------- sizes
 
 
