@@ -21,9 +21,8 @@ from . import outputs
 from .choices import MAX_RANK_LIMIT, METRICS, PRECISIONS, SUMMARY_FORMATS
 from .errors import StoreWarning, StreamevalError
 from .plan import SIZE_UNITS, parse_bytes
+from .signals import stopped
 from .suite.plan import PRESETS as SUITE_PRESETS
-
-EXIT_INTERRUPTED = 130  # the shell's convention for Ctrl-C
 
 
 class _Group(click.Group):
@@ -39,8 +38,8 @@ class _Group(click.Group):
             click.echo(f"error: {exc.format_message()}{command}", err=True)
             code = exc.exit_code
         except click.Abort:  # Ctrl-C at a confirmation prompt
-            click.echo("error: interrupted (Ctrl-C)", err=True)
-            code = EXIT_INTERRUPTED
+            what, code = stopped(KeyboardInterrupt())
+            click.echo(f"error: {what}", err=True)
         sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx):
@@ -51,9 +50,9 @@ class _Group(click.Group):
                 return super().invoke(ctx)
         except StreamevalError as exc:
             _fail(ctx, str(exc), exc.exit_code)
-        except KeyboardInterrupt:
-            _fail(ctx, "interrupted (Ctrl-C); outputs already written are complete, nothing was half-written",
-                  EXIT_INTERRUPTED)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM under the console script (``signals``)
+            what, code = stopped(exc)
+            _fail(ctx, f"{what}; outputs already written are complete, nothing was half-written", code)
         except MemoryError:
             _fail(ctx, "out of memory; lower --memory-budget (or --query-block / --gallery-chunk)", 3)
         except OSError as exc:  # the file system refused (full disk, permissions) outside a checked write

@@ -291,7 +291,7 @@ def session(store: Store, settings: Settings, execution: Execution, phases: Phas
         client = client or _active_client()
         workers = execution.workers or (sum(client.nthreads().values()) if client else os.cpu_count() or 1)
         runner = Runner(client, run_plan(store, settings, execution, workers), phases,
-                        _progress_bar(execution.progress, label))
+                        _progress_bar(execution.progress, label, workers))
         try:
             runner.compile_kernels(store, settings)
             yield runner
@@ -351,11 +351,11 @@ def run_plan(store: Store, settings: Settings, execution: Execution, workers: in
     return plan
 
 
-def _progress_bar(progress, label: str) -> Bar | None:
+def _progress_bar(progress, label: str, workers: int) -> Bar | None:
     """``progress``: False, True (draw on stderr) or a text stream to draw on."""
     if not progress:
         return None
-    return Bar(Reporter(label, progress if hasattr(progress, "write") else None))
+    return Bar(Reporter(label, progress if hasattr(progress, "write") else None), workers=workers)
 
 
 def evaluate(

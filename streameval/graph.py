@@ -37,7 +37,7 @@ from . import kernels, scratch
 from .errors import OptionError, StoreError
 from .gom import DistanceRange, GomOptions, Normalisation
 from .plan import Plan
-from .progress import pairs_work, read_work, work_key
+from .progress import PAIR_OVERHEAD, RANGE_PAIR_OVERHEAD, pairs_work, read_work, work_key
 from .protocol import Rules, camera_table
 from .state import Positives
 from .statistics import StatState
@@ -402,7 +402,7 @@ def first_pass(parts: tuple, plan: Plan, scoring: Scoring, meta, blocks, sizes: 
         for i, (part, a, b) in enumerate(chunks):
             chains[i % len(chains)] = delayed(range_chunk)(
                 part, a, b, queries, positives, aux, scoring, run, chains[i % len(chains)],
-                dask_key_name=work_key("range", distance_work(part.fs, n_queries, a, b)))
+                dask_key_name=work_key("range", distance_work(part.fs, n_queries, a, b, RANGE_PAIR_OVERHEAD)))
         ends += chains
     merged = tree_reduce(ends, _merge_first)
     ranges = tree_reduce([merged[0]] + [delayed(positives_range)(positives, scoring.n_trials)
@@ -479,9 +479,10 @@ def positives_work(fs: FeatureSet, start: int, stop: int) -> int:
     return read_work(rows_bytes(fs, stop - start))
 
 
-def distance_work(fs: FeatureSet, n_queries: int, start: int, stop: int) -> int:
-    """A range or scoring task's work: reading rows [start, stop) and every pair with ``n_queries``."""
-    return read_work(rows_bytes(fs, stop - start)) + pairs_work(n_queries, stop - start, fs.dim)
+def distance_work(fs: FeatureSet, n_queries: int, start: int, stop: int, overhead: int = PAIR_OVERHEAD) -> int:
+    """A scoring task's work (a range task's with ``RANGE_PAIR_OVERHEAD``): reading rows [start, stop)
+    and every pair with ``n_queries``."""
+    return read_work(rows_bytes(fs, stop - start)) + pairs_work(n_queries, stop - start, fs.dim, overhead)
 
 
 def rows_bytes(fs: FeatureSet, n_rows: int, features: bool = True) -> int:

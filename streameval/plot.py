@@ -8,7 +8,7 @@ One panel per kind of data, left out when no result has it, one colour per resul
   on a log axis, the closed-set limit (accept everything: the CMC over Q+) marked at FPIR 1;
 * ROC (TAR against FAR, log FAR axis) and DET (FNMR = 1 - TAR against FAR, log-log) of pair-level
   verification, from the histogram-resolution curves of ``verification``, the exact TAR at each
-  requested FAR marked;
+  requested FAR marked and the line drawn through it;
 * GOM mReP against tau (queries with positives), tau_max marked; a single result also shows the mRP
   and mVP it is made of;
 * GOM mFR against tau (open-set queries);
@@ -401,7 +401,7 @@ def _roc_panel(ax, runs: list[Curves]) -> None:
         found = run.verification
         if found is None:
             continue
-        far, tar = _roc_points(found)
+        far, tar = _roc_points(_through_marks(found))
         if len(far):
             auc = "" if found["auc"] is None else f": AUC {found['auc']:.4f}"
             ax.plot(far, tar, color=_colour(i), label=run.label + auc)
@@ -425,7 +425,7 @@ def _det_panel(ax, runs: list[Curves]) -> None:
         found = run.verification
         if found is None:
             continue
-        far, fnmr = _det_points(found["far"], found["tar"])
+        far, fnmr = _det_points(*_through_marks(found).values())
         if len(far):
             ax.plot(far, fnmr, color=_colour(i), label=run.label)
         far, fnmr = _det_points(*found["marks"].T)
@@ -435,6 +435,16 @@ def _det_panel(ax, runs: list[Curves]) -> None:
     ax.set_yscale("log")
     ax.set(xlabel="FAR (impostor pairs accepted, log)", ylabel="FNMR = 1 - TAR (genuine pairs rejected, log)",
            title="DET, pair-level verification")
+
+
+def _through_marks(found: dict) -> dict:
+    """The curve's points and the exact (requested FAR, TAR) points together, in FAR order (then
+    TAR's): the line drawn passes through the marks printed beside it.  Between two histogram
+    points a straight line is not the ROC; at a requested FAR the exact TAR is."""
+    far = np.concatenate([found["far"], found["marks"][:, 0]])
+    tar = np.concatenate([found["tar"], found["marks"][:, 1]])
+    order = np.lexsort((tar, far))
+    return {"far": far[order], "tar": tar[order]}
 
 
 def _roc_points(found: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -516,13 +526,12 @@ def _has_dir(run: Curves) -> bool:
 
 def _has_roc(run: Curves) -> bool:
     found = run.verification
-    return found is not None and bool(len(_roc_points(found)[0]) or len(found["marks"]))
+    return found is not None and bool(len(_roc_points(_through_marks(found))[0]))
 
 
 def _has_det(run: Curves) -> bool:
     found = run.verification
-    return found is not None and bool(len(_det_points(found["far"], found["tar"])[0])
-                                      or len(_det_points(*found["marks"].T)[0]))
+    return found is not None and bool(len(_det_points(*_through_marks(found).values())[0]))
 
 
 PANELS = (  # (has data, draw)

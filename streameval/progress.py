@@ -10,7 +10,8 @@ Merges and bookkeeping tasks carry none.  The units are defined once, here (``pa
 A :class:`Bar` spans every compute of a run: ``update`` announces the scoring of the new rows
 before its first compute (``expect``) and learns how many queries it re-scores only after it; the
 bar then says so and spreads the rest of its length over the grown remainder, so the percent never
-goes back.  The pass under way is named, the ETA comes from the work rate.  A :class:`Reporter`
+goes back.  The pass under way is named; work becomes time at each pass's cost measured during the
+run, and the ETA says "estimating" until every pass still to run has one.  A :class:`Reporter`
 draws it: a live bar on a terminal, a line per 10% otherwise.
 
 :class:`Phases` splits a run's elapsed time into consecutive named phases; the bar is one of them
@@ -35,7 +36,10 @@ BAR_WIDTH = 30
 LOG_STEP = 10  # percent between lines in non-interactive output
 REDRAW_S = 0.1  # a live bar redraws at most this often
 CLEAR_LINE = "\033[K"  # erase the rest of a terminal line (what a longer earlier drawing left)
-ETA_AFTER = 0.01  # fraction of the work done before an ETA is given
+ETA_AFTER = 0.01  # fraction of a pass's work done before its cost counts as measured
+MEASURED_ROUNDS = 2  # a pass's cost counts as measured after this many tasks a worker (overestimated by
+# at most (workers - 1) / tasks done, under 50%: its first interval books one task's work for a round)
+ESTIMATING = "estimating"  # what the ETA says until every pass with work left has a measured cost
 WATCH_INTERVAL_S = 0.2  # how often the distributed scheduler is asked for finished keys
 
 # The cost model: work in units of one multiply-add of the distance GEMM.  Only ratios matter: they
@@ -45,14 +49,20 @@ WATCH_INTERVAL_S = 0.2  # how often the distributed scheduler is asked for finis
 # search, the threshold bin), and reading the store 1 .. 1.5 ns per byte (decompression, copy,
 # upcast, row terms), about BYTE_COST multiply-adds.  The positives pass reads each row once per
 # query block and scores no pair, so next to a pass scoring many queries against the same rows it
-# weighs little (under 2% at 10,000 queries, D = 512), and more with few queries, as it takes.
+# weighs little (under 2% at 10,000 queries, D = 512), and more with few queries, as it takes.  The
+# range pass only keeps each pair's distance within the extremes: on one core (1,000 x 20,000, D = 32
+# .. 1024) a pair of it costs 1.1 .. 1.9x less than a scored one, D + RANGE_PAIR_OVERHEAD multiply-adds
+# at every D.  What a scored pair costs beyond that grows with the positives per query, which no key
+# knows: the bar measures each pass's cost as it runs (``Bar``), this model is its first guess.
 PAIR_OVERHEAD = 300
+RANGE_PAIR_OVERHEAD = 140
 BYTE_COST = 64
 
 
-def pairs_work(n_queries: int, n_rows: int, dim: int) -> int:
-    """Work of computing the distances of ``n_queries`` x ``n_rows`` pairs of dimension ``dim``."""
-    return n_queries * n_rows * (dim + PAIR_OVERHEAD)
+def pairs_work(n_queries: int, n_rows: int, dim: int, overhead: int = PAIR_OVERHEAD) -> int:
+    """Work of computing the distances of ``n_queries`` x ``n_rows`` pairs of dimension ``dim``,
+    ``overhead`` multiply-adds' worth of work a pair besides (``RANGE_PAIR_OVERHEAD``: the range pass)."""
+    return n_queries * n_rows * (dim + overhead)
 
 
 def read_work(n_bytes: int) -> int:
@@ -149,18 +159,19 @@ class Reporter:
         self._last_logged = -LOG_STEP
         self._last_drawn = -REDRAW_S
 
-    def show(self, percent: int, passes: str, elapsed: float, eta: float | None) -> None:
+    def show(self, percent: int, passes: str, elapsed: float, eta: float | str | None) -> None:
+        """``eta``: seconds, ESTIMATING, or None for none (while kernels compile, before the passes)."""
         if self.interactive:
             if elapsed - self._last_drawn < REDRAW_S:
                 return
             self._last_drawn = elapsed
             filled = BAR_WIDTH * percent // 100
-            eta_text = f"  eta {duration(eta)}" if eta is not None else ""
+            eta_text = f"  eta {_eta_text(eta)}" if eta is not None else ""
             self._write(f"\r{self.label} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {percent:3d}% {passes}  "
                         f"{elapsed:.1f} s{eta_text}{CLEAR_LINE}")
         elif percent >= self._last_logged + LOG_STEP:
             self._last_logged = percent - percent % LOG_STEP
-            eta_text = f", eta {duration(eta)}" if eta is not None else ""
+            eta_text = f", eta {_eta_text(eta)}" if eta is not None else ""
             self._write(f"{self.label}: {percent}% {passes}, {elapsed:.1f} s{eta_text}\n")
 
     def restart(self) -> None:
@@ -190,6 +201,10 @@ class Reporter:
         self.stream.flush()
 
 
+def _eta_text(eta: float | str) -> str:
+    return eta if isinstance(eta, str) else duration(eta)
+
+
 def duration(seconds: float) -> str:
     """42 s, 12 min 05 s, 3 h 07 min."""
     seconds = int(round(seconds))
@@ -201,27 +216,42 @@ def duration(seconds: float) -> str:
 
 
 class Bar:
-    """One bar over every compute of a run, measured in work (``key_work``), drawn by a Reporter.
+    """One bar over every compute of a run, drawn by a Reporter.
 
-    The shown fraction is ``base + (1 - base) * (work done since the base) / (work left then)``,
-    the base being taken whenever the total changes: plain work done / total work until the total
-    grows; then the bar keeps its place and the rest of it stands for the work left, so it never
-    goes back.
+    Each task's work (``key_work``) is turned into time by its pass's cost, measured as the run goes:
+    the wall time between a task's finish and the one before it is booked to the task's pass, so a
+    pass's cost is its booked seconds per unit of work done (``costs``).  A pass's first interval
+    covers the ``workers`` tasks it started together while booking one task's work, so its cost
+    counts as measured only after a few rounds of them (``MEASURED_ROUNDS``; half its tasks, if
+    fewer).  The range pass only finds extremes where the scoring pass places every pair, and both
+    costs depend on the data (the positives per query), so no fixed model weighs them: until a pass
+    has run, it is taken to cost what the passes measured so far cost on average (the work model's
+    ratios: its first guess), and the ETA says "estimating" until every pass with work left has a
+    measured cost.
+
+    The shown fraction advances at each finished task by the task's share of the time estimated left
+    (``(1 - fraction) * task / left``): it never goes back, neither when a compute adds work nor when
+    a cost is measured anew; the rest of the bar stands for what is left, and it reaches the end with
+    the last task.
     """
 
-    def __init__(self, reporter: Reporter, clock=time.perf_counter):
-        self.reporter, self.clock = reporter, clock
+    def __init__(self, reporter: Reporter, clock=time.perf_counter, workers: int = 1):
+        self.reporter, self.clock, self.workers = reporter, clock, workers
         self.started: float | None = None
         self.total: dict[str, int] = {}  # pass -> work, of the graphs given so far
         self.expected: dict[str, int] = {}  # pass -> work announced before its graph
         self.done: dict[str, int] = {}
+        self.tasks: dict[str, int] = {}  # pass -> tasks with work, of the graphs given so far
+        self.tasks_done: dict[str, int] = {}
+        self.spent: dict[str, float] = {}  # pass -> wall seconds booked to its finished tasks
         self.weights: dict = {}  # key -> (pass, work) of keys not finished yet
-        self.base_fraction, self.base_done = 0.0, 0
+        self.fraction = 0.0
+        self.last_finish: float | None = None
         self.compiles = 0  # numba compiles under way during the passes (``compile_watch``)
         self._drawing = threading.Lock()  # a compile in a worker thread redraws too
 
     def start(self, now: float) -> None:
-        self.started = now
+        self.started = self.last_finish = now
         self._show()
 
     @contextmanager
@@ -250,7 +280,6 @@ class Bar:
 
     def expect(self, pass_name: str, work: int) -> None:
         """Announce a pass of a later compute, so the bar's length counts it from the start."""
-        self._rebase()
         self.expected[pass_name] = self.expected.get(pass_name, 0) + work
 
     def add_graph(self, keys) -> list:
@@ -260,12 +289,12 @@ class Bar:
         weights = {key: weight for key in keys if (weight := key_work(key)) is not None}
         added = [p for p in PASSES if p not in self.expected and any(w[0] == p for w in weights.values())]
         left = self.work_total - self.work_done
-        self._rebase()
         for pass_name, work in weights.values():
             left_announced = self.expected.pop(pass_name, 0) - work
             if left_announced > 0:
                 self.expected[pass_name] = left_announced
             self.total[pass_name] = self.total.get(pass_name, 0) + work
+            self.tasks[pass_name] = self.tasks.get(pass_name, 0) + 1
         self.weights.update(weights)
         grown = self.work_total - self.work_done - left
         if added and grown > 0 and left > 0 and self.started is not None:
@@ -275,9 +304,20 @@ class Bar:
 
     def finished(self, key) -> None:
         weight = self.weights.pop(key, None)
-        if weight is not None:
-            self.done[weight[0]] = self.done.get(weight[0], 0) + weight[1]
-            self._show()
+        if weight is None:
+            return
+        pass_name, work = weight
+        with self._drawing:
+            now, costs = self.clock(), self.costs()
+            left = self.seconds_left(costs)
+            if left > 0:
+                self.fraction += (1 - self.fraction) * min(1.0, work * costs[pass_name] / left)
+            if self.last_finish is not None:
+                self.spent[pass_name] = self.spent.get(pass_name, 0.0) + now - self.last_finish
+            self.last_finish = now
+            self.done[pass_name] = self.done.get(pass_name, 0) + work
+            self.tasks_done[pass_name] = self.tasks_done.get(pass_name, 0) + 1
+        self._show()
 
     def close(self, now: float) -> None:
         """The run's passes are complete: the one 100% line, with the bar's time."""
@@ -291,39 +331,59 @@ class Bar:
     def work_done(self) -> int:
         return sum(self.done.values())
 
-    @property
-    def fraction(self) -> float:
-        left = self.work_total - self.base_done
-        return self.base_fraction + (1 - self.base_fraction) * ((self.work_done - self.base_done) / left if left else 0)
+    def work_left(self, pass_name: str) -> int:
+        return self.total.get(pass_name, 0) + self.expected.get(pass_name, 0) - self.done.get(pass_name, 0)
+
+    def measured(self) -> dict[str, float]:
+        """Seconds per unit of work of the passes whose cost is known: with time booked to them, at
+        least ETA_AFTER of their work done, and MEASURED_ROUNDS rounds of tasks on every worker (or
+        half their tasks), the first interval's excess spread thin (see the class)."""
+        def known(p):
+            rounds = min(MEASURED_ROUNDS * self.workers, -(-self.tasks.get(p, 0) // 2))
+            return (self.spent.get(p, 0) > 0 and self.done[p] >= ETA_AFTER * (self.done[p] + self.work_left(p))
+                    and self.tasks_done[p] >= max(1, rounds))
+
+        return {p: self.spent[p] / self.done[p] for p in self.done if known(p)}
+
+    def costs(self) -> dict[str, float]:
+        """Seconds (or, before anything is measured, relative time) per unit of work of every pass:
+        measured, or else the average of the measured passes."""
+        measured = self.measured()
+        spent = sum(self.spent[p] for p in measured)
+        average = spent / sum(self.done[p] for p in measured) if measured else 1.0
+        return {p: measured.get(p, average) for p in PASSES}
+
+    def seconds_left(self, costs: dict[str, float]) -> float:
+        return sum(self.work_left(p) * costs[p] for p in PASSES)
+
+    def eta(self) -> float | None:
+        """Seconds left at each pass's measured cost; None until every pass with work left has one."""
+        measured = self.measured()
+        if any(self.work_left(p) > 0 and p not in measured for p in PASSES):
+            return None
+        return self.seconds_left({p: measured.get(p, 0.0) for p in PASSES})
 
     @property
     def percent(self) -> int:
         """Whole percent of the bar, at most 99 until ``close`` (results still to be gathered)."""
-        return min(99, int(100 * self.fraction))
+        return min(99, int(round(100 * self.fraction, 6)))  # (a sum of float steps: 0.4999999 is 50%)
 
     def under_way(self) -> str:
         """The passes with work done and work left, or else the next one (or else the last); or
         "compiling kernels" while numba compiles."""
         if self.compiles > 0:
             return COMPILING
-        left = [p for p in PASSES if self.done.get(p, 0) < self.total.get(p, 0) + self.expected.get(p, 0)]
+        left = [p for p in PASSES if self.work_left(p) > 0]
         begun = [p for p in left if self.done.get(p, 0) > 0]
         return ", ".join(begun or left[:1] or [p for p in PASSES if p in self.total][-1:])
-
-    def _rebase(self) -> None:
-        """Before the total changes: the bar goes on from where it is (no change while it does not)."""
-        self.base_fraction, self.base_done = self.fraction, self.work_done
 
     def _show(self) -> None:
         if self.started is None:
             return
         with self._drawing:
-            elapsed = self.clock() - self.started
-            done, left = self.work_done, self.work_total - self.work_done
-            # the first tasks alone are too few to tell the rate
-            rate_known = done > 0 and done >= ETA_AFTER * self.work_total
-            eta = left * elapsed / done if rate_known else None  # the work left at the rate so far
-            self.reporter.show(self.percent, self.under_way(), elapsed, eta)
+            eta = self.eta()
+            self.reporter.show(self.percent, self.under_way(), self.clock() - self.started,
+                               ESTIMATING if eta is None else eta)
 
 
 class ThreadedProgress(Callback):

@@ -17,6 +17,7 @@ import streameval
 from streameval.synth import synthesize
 
 from cli_checks import cli, one_error_line
+from signal_checks import assert_stopped_in_one_line, stopped_run
 
 SMALL = dict(n_query=30, n_gallery=300, dim=8, n_ids=10, n_cams=3, junk_frac=0.1, open_query_frac=0.1, seed=3)
 
@@ -192,24 +193,86 @@ def test_public_names_load_on_first_use_and_stay_functions():
     assert out.split() == ["streameval.evaluate", "Result"]
 
 
-def _console_script() -> list[str]:
-    return [sys.executable, "-c", "from streameval.entry import main; main()"]
+@pytest.fixture(scope="module")
+def long_store(tmp_path_factory):
+    """A store whose passes last long enough (about a second here) to be stopped while they run."""
+    path = tmp_path_factory.mktemp("long") / "s.zarr"
+    synthesize(path, n_query=1000, n_gallery=10000, dim=32, n_ids=200, n_cams=4, seed=3)
+    return str(path)
 
 
-@pytest.mark.parametrize("delay", [0.05, 0.4, 1.2])
-def test_ctrl_c_at_any_moment_ends_in_one_line(store, delay):
-    """SIGINT while the command line loads, while the engine imports and while it evaluates."""
-    proc = subprocess.Popen(_console_script() + ["eval", store, "--gom-bins", "500"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    time.sleep(delay)
-    proc.send_signal(signal.SIGINT)
+@pytest.mark.parametrize("moment", [0.15, 0.4, "% positives"])
+def test_ctrl_c_at_any_moment_stops_the_run_in_one_line(long_store, moment):
+    """SIGINT while the command line loads, while the engine imports and while it evaluates (the
+    first progress line of the passes seen): the run stops there, it did not finish first.  (Earlier,
+    while the interpreter itself starts, Python answers before any of streameval's code runs.)"""
+    assert_stopped_in_one_line(*stopped_run(["eval", long_store], moment), [signal.SIGINT])
+
+
+@pytest.fixture(scope="module")
+def npy_folder(tmp_path_factory):
+    """The long store's size as a folder of .npy files: eval converts it to a temporary store."""
+    folder = tmp_path_factory.mktemp("npy") / "features"
+    folder.mkdir()
+    rng = np.random.default_rng(4)
+    for prefix, n in (("q", 1000), ("g", 10000)):
+        np.save(folder / f"{prefix}f.npy", rng.standard_normal((n, 32)).astype(np.float32))
+        np.save(folder / f"{prefix}_pids.npy", rng.integers(0, 200, n))
+        np.save(folder / f"{prefix}_camids.npy", rng.integers(0, 4, n))
+    return folder
+
+
+CONVERTED = "is not a store: converted it to a temporary store"
+
+
+@pytest.mark.parametrize("signals, moment", [
+    ([signal.SIGINT], 0.3),  # loading, or converting
+    ([signal.SIGINT], CONVERTED),  # the temporary store just written, the kernels being loaded
+    ([signal.SIGINT, signal.SIGINT], "% positives"),  # Ctrl-C twice: the second lands during the clean-up
+    ([signal.SIGTERM], CONVERTED),
+    ([signal.SIGTERM], "% positives"),
+])
+def test_a_stopped_eval_of_a_file_leaves_no_temporary_store(npy_folder, tmp_path, signals, moment):
+    code, err = stopped_run(["eval", npy_folder], moment, signals, tmpdir=tmp_path)
+    assert_stopped_in_one_line(code, err, signals)
+    if moment != 0.3:
+        assert CONVERTED in err  # there was a temporary store to remove
+    assert list(tmp_path.iterdir()) == []
+
+
+REMOVAL_PAUSED = """
+import os, shutil, sys, time
+real, paused = shutil.rmtree, []
+def rmtree(path, *args, **kwargs):  # the temporary store's removal pauses once: a signal lands there
+    if os.path.basename(path).startswith("streameval-") and not paused:
+        paused.append(path)
+        print("paused", file=sys.stderr, flush=True)
+        time.sleep(60)
+    return real(path, *args, **kwargs)
+shutil.rmtree = rmtree
+from streameval.entry import main
+sys.argv = ["streameval", *sys.argv[1:]]
+main()
+"""
+
+
+def test_ctrl_c_while_the_temporary_store_is_removed_waits_for_the_removal(npy_folder, tmp_path):
+    """The evaluation over (its results printed), a Ctrl-C during the clean-up: the store is still
+    removed, and the run then says it was interrupted."""
+    proc = subprocess.Popen([sys.executable, "-c", REMOVAL_PAUSED, "eval", str(npy_folder)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, TMPDIR=str(tmp_path)))
+    seen = []
+    for line in proc.stderr:  # until the process ends
+        if line == "paused\n":
+            proc.send_signal(signal.SIGINT)
+        else:
+            seen.append(line)
     out, err = proc.communicate(timeout=60)
-    assert "Traceback" not in err, err
-    if proc.returncode == 0:  # finished before the signal arrived: nothing to check
-        return
-    assert proc.returncode in (130, -signal.SIGINT), (proc.returncode, err)
-    if proc.returncode == 130:
-        assert [line for line in err.splitlines() if line.startswith("error:")] == [err.strip().splitlines()[-1]]
+    err = "".join(seen) + err
+    assert "mAP" in out  # the evaluation was over
+    assert_stopped_in_one_line(proc.returncode, err, [signal.SIGINT])
+    assert list(tmp_path.iterdir()) == []
 
 
 # ---------------------------------------------------------------------------------------- sizes

@@ -39,6 +39,7 @@ from streameval.statestore import POINTER, StateError, load_state
 from streameval.store import COMMITTED_ATTR, open_group
 
 from cli_checks import one_error_line
+from signal_checks import assert_stopped_in_one_line, ctrl_c_at_pause, paused_script, stopped_run
 from protocol_reference import reference_protocol
 from reference import distance_matrix, reference_evaluate, reference_gom
 from test_engine_vs_reference import TOL, assert_matches_reference
@@ -447,23 +448,45 @@ def test_append_killed_mid_write_leaves_the_store_and_state_consistent(tmp_path)
     assert comparable(streameval.update(store, state)) == comparable(streameval.evaluate(store))
 
 
-def test_update_interrupted_by_ctrl_c_keeps_the_state(tmp_path, monkeypatch):
+def test_update_interrupted_by_ctrl_c_keeps_the_state(tmp_path):
+    """A real SIGINT while the new version is being made durable, before the swap."""
     store, rng, _ = make_store(tmp_path)
     state = tmp_path / "state"
     full = comparable(streameval.evaluate(store, state=state))
     streameval.append_gallery(store, *random_rows(rng, 20, np.zeros(20, int)))
-
-    def interrupt(*args):
-        raise KeyboardInterrupt
-
-    # Ctrl-C lands on the main thread while the new version is being made durable, before the swap
-    monkeypatch.setattr(streameval.statestore, "_sync_tree", interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        streameval.update(store, state)
-    monkeypatch.undo()
+    ctrl_c_at_pause(paused_script("streameval.statestore", "_sync_tree", "streameval.update(*sys.argv[1:3])"),
+                    store, state)
     assert load_state(state).covers["gallery_rows"] == 300
     assert comparable(streameval.update(store, state, gallery_chunk=7)) == comparable(streameval.evaluate(store))
     assert full != comparable(streameval.evaluate(store))
+
+
+@pytest.fixture
+def long_update(tmp_path):
+    """A store and its state, then appended rows holding new positives: an update whose passes last
+    long enough (about a second here) to be stopped while they run."""
+    rng = np.random.default_rng(8)
+    pids = lambda n: rng.integers(0, 300, n)  # noqa: E731
+    store, state = tmp_path / "big.zarr", tmp_path / "big.state"
+    streameval.write_store(store, rng.standard_normal((1000, 64)).astype(np.float32), pids(1000),
+                           rng.integers(0, 4, 1000), rng.standard_normal((6000, 64)).astype(np.float32), pids(6000),
+                           rng.integers(0, 4, 6000))
+    before = comparable(streameval.evaluate(store, state=state))
+    streameval.append_gallery(store, rng.standard_normal((6000, 64)).astype(np.float32), pids(6000),
+                              rng.integers(0, 4, 6000))
+    return store, state, before
+
+
+def test_the_update_command_stopped_by_ctrl_c_mid_pass_keeps_the_state(long_update):
+    store, state, before = long_update
+    version = load_state(state).version
+    code, err = stopped_run(["update", store, "--state", state], "% positives")
+    assert_stopped_in_one_line(code, err, [signal.SIGINT])
+    kept = load_state(state)
+    assert (kept.version, kept.covers["gallery_rows"]) == (version, 6000)
+    assert sorted(os.listdir(state)) == [POINTER, version]  # the unfinished version is not left behind
+    after = comparable(streameval.update(store, state))  # the kept state takes the update
+    assert after == comparable(streameval.evaluate(store)) and after != before
 
 
 # ------------------------------------------------------------------------------------------------ CLI

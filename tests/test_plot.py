@@ -331,7 +331,11 @@ def test_roc_and_det_draw_the_curve_and_mark_the_requested_far_points(results):
     assert det.get_yscale() == "log" and "FNMR" in det.get_ylabel()
 
     section = verification_section()
-    far, tar = np.array(section["curves"]["far"]), np.array(section["curves"]["tar"])
+    exact = [(far, tar) for far, _, _, tar, _ in V6_POINTS]
+    far, tar = np.array(section["curves"]["far"] + [x for x, _ in exact]), \
+        np.array(section["curves"]["tar"] + [y for _, y in exact])
+    order = np.lexsort((tar, far))  # the curve's points and the exact ones, in FAR order
+    far, tar = far[order], tar[order]
     (roc_line,) = roc.get_lines()
     assert roc_line.get_label() == "model: AUC 0.6875"  # 11/16
     np.testing.assert_array_equal(roc_line.get_xdata(), far[far > 0])  # FAR 0 lies off the log axis
@@ -349,6 +353,23 @@ def test_roc_and_det_draw_the_curve_and_mark_the_requested_far_points(results):
     (det_marks,) = det.collections  # TAR 1 is FNMR 0: off the axis
     np.testing.assert_allclose(det_marks.get_offsets(), [[0.125, 2 / 3], [0.2, 2 / 3], [0.25, 2 / 3],
                                                          [0.375, 1 / 3]], atol=1e-15)
+
+
+def test_the_roc_and_det_lines_pass_through_the_exact_points_printed_beside_them(results):
+    """A coarse histogram curve (points at FAR 0.01 and 0.5) and exact TARs between its points, off
+    the straight segment joining them: each exact point is a point of the drawn line."""
+    points = [(0.05, 5, 0.4, 0.3, 0.05), (0.1, 10, 0.45, 0.35, 0.1), (0.2, 20, 0.5, 0.8, 0.2)]
+    section = verification_section(points)
+    section["curves"] = {"bits": 16, "threshold": [0.3, 0.6, 1.0], "tar": [0.2, 0.9, 1.0], "far": [0.01, 0.5, 1.0]}
+    fig = figure([curves(with_sections(results, "nogom", verification=section), "model")])
+    (roc_line,), (det_line,) = axis(fig, "roc").get_lines(), axis(fig, "det").get_lines()
+    roc_points = set(zip(roc_line.get_xdata(), roc_line.get_ydata()))
+    det_points = set(zip(det_line.get_xdata(), det_line.get_ydata()))
+    for far, _, _, tar, _ in points:
+        assert (far, tar) in roc_points
+        assert (far, 1 - tar) in det_points
+    for line in (roc_line, det_line):
+        assert (np.diff(line.get_xdata()) >= 0).all()  # drawn in FAR order
 
 
 def test_overlay_of_open_set_and_verification_results_keeps_one_colour_per_result(results):
@@ -417,7 +438,11 @@ def test_a_real_open_set_and_verification_result_is_drawn_as_its_json_says(resul
     np.testing.assert_allclose(limit.get_offsets(), [[1, cmc_at[0]], [1, cmc_at[1]]], atol=1e-12)
     np.testing.assert_allclose([line.get_ydata()[-1] for line in dir_ax.get_lines()], cmc_at, atol=1e-12)
 
-    far, tar = (np.asarray(verification["curves"][name]) for name in ("far", "tar"))
+    far, tar = (np.asarray(verification["curves"][name] + [p[name] for p in verification["points"]])
+                for name in ("far", "tar"))
+    order = np.lexsort((tar, far))  # the histogram curve's points and the exact ones, in FAR order
+    far, tar = far[order], tar[order]
+    assert (np.diff(tar) >= 0).all()  # the exact points sit on the curve: it still only rises
     (roc_line,) = roc.get_lines()
     assert roc_line.get_label() == f"real: AUC {verification['auc']:.4f}"
     np.testing.assert_array_equal(roc_line.get_xdata(), far[far > 0])

@@ -16,7 +16,7 @@ import streameval
 from streameval import graph, progress, report
 from streameval.evaluate import Settings
 from streameval.plan import Plan
-from streameval.progress import Bar, Reporter, key_work, pairs_work, read_work, work_key
+from streameval.progress import RANGE_PAIR_OVERHEAD, Bar, Reporter, key_work, pairs_work, read_work, work_key
 
 N_QUERY, N_GALLERY, DIM, CHUNK = 200, 6000, 16, 256
 LINE = re.compile(r"(streameval(?: update| suite)?): (\d+)% (.*)")
@@ -67,8 +67,10 @@ def test_work_of_each_pass_is_pairs_and_bytes(store_path):
         if (weight := key_work(key)) is not None:
             work[weight[0]] += weight[1]
     gallery_bytes = graph.rows_bytes(store.gallery, N_GALLERY)
-    distance_pass = pairs_work(N_QUERY, N_GALLERY, DIM) + 2 * read_work(gallery_bytes)  # each block reads the gallery
-    assert work["range"] == work["scoring"] == distance_pass
+    reads = 2 * read_work(gallery_bytes)  # each block reads the gallery
+    assert work["scoring"] == pairs_work(N_QUERY, N_GALLERY, DIM) + reads
+    assert work["range"] == pairs_work(N_QUERY, N_GALLERY, DIM, RANGE_PAIR_OVERHEAD) + reads  # extremes only
+    assert work["range"] < work["scoring"]
     assert work["positives"] == read_work(2 * gallery_bytes + graph.rows_bytes(store.query, N_QUERY))
     assert work["positives"] < 0.1 * sum(work.values())  # reading ids and features, no pairs
     assert set(work) == {"positives", "range", "scoring"}  # merges carry none
@@ -147,13 +149,74 @@ def test_bar_grows_without_going_back_and_gives_an_eta_from_the_work_rate():
     now[0] = 10.0
     bar.close(now[0])
     assert out.getvalue().splitlines() == [
-        "t: 0% positives, 0.0 s",
-        "t: 50% scoring, 2.0 s, eta 2 s",  # 100 of 200 units in 2 s; 100 left
+        "t: 0% positives, 0.0 s, eta estimating",
+        # 100 of 200 units in 2 s, the rest (scoring) taken to cost as much: but it has not run yet
+        "t: 50% scoring, 2.0 s, eta estimating",
         "t: 50% +rescoring: the work left grew 4.0x (the rest of the bar covers it)",
-        "t: 62% rescoring, 4.0 s, eta 6 s",  # 50 + 50 * 100/400; 300 units left at 200 / 4 s
+        # 50 + 50 * 100/400 (scoring and rescoring taken to cost the same); rescoring not run yet
+        "t: 62% rescoring, 4.0 s, eta estimating",
         "t: 99% rescoring, 4.0 s, eta 0 s",  # all counted; 100 only when the run's passes are over
         "t: 100% positives, range, scoring, rescoring in 10.00 s",
     ]
+
+
+def fake_run(passes, workers: int = 1):
+    """A Bar fed tasks finishing on a fake clock: ``passes`` lists (pass, work a task, tasks, seconds
+    a task), run one pass after the other on ``workers`` workers (their tasks finish together).
+    Returns the bar, its drawing, and its ETA and fraction after each task."""
+    now = [0.0]
+    out = io.StringIO()
+    bar = Bar(Reporter("t", out), clock=lambda: now[0], workers=workers)
+    keys = {name: [work_key(name, work) for _ in range(count)] for name, work, count, _ in passes}
+    bar.add_graph([key for named in keys.values() for key in named])
+    bar.start(now[0])
+    etas, fractions = [], []
+    for name, _, _, seconds in passes:
+        for i, key in enumerate(keys[name]):
+            now[0] += seconds if i % workers == 0 else 0.0
+            bar.finished(key)
+            etas.append(bar.eta())
+            fractions.append(bar.fraction)
+    return bar, out.getvalue(), etas, fractions
+
+
+ISSUE_RUN = [("positives", 10, 1, 0.1), ("range", 100, 10, 0.2), ("scoring", 100, 10, 2.6)]
+
+
+def test_the_eta_weighs_each_pass_by_its_measured_cost():
+    """A quick range pass (10 tasks of 0.2 s) before a scoring pass of the same work that takes 13x
+    longer (10 tasks of 2.6 s): no ETA while the scoring's cost is unknown (measured after 2 of its
+    tasks), then the time truly left; from then on the bar advances in proportion to time."""
+    _, drawn, etas, fractions = fake_run(ISSUE_RUN)
+    assert etas[:12] == [None] * 12  # scoring not yet run, or too little of it
+    assert etas[12:] == pytest.approx([2.6 * n for n in range(8, -1, -1)], abs=1e-9)
+    assert "eta estimating" in drawn and not re.search(r"(positives|range), \d+\.\d s, eta \d", drawn)
+    assert any(re.fullmatch(r"t: \d+% scoring, \d+\.\d s, eta (1[0-9]|20) s", line) for line in drawn.splitlines())
+    assert fractions == sorted(fractions) and fractions[-1] == pytest.approx(1)
+    steps = np.diff(fractions[11:])  # the scoring's cost known: equal time, equal steps of the bar
+    assert steps == pytest.approx(np.full(9, steps[0]))
+
+
+def test_a_pass_started_on_several_workers_is_measured_after_rounds_of_them():
+    """Two workers, their tasks finishing in pairs: the first of a pair books the round's time (its
+    cost looks twice what it is).  Measured after 2 rounds or half the pass, the cost a task is the
+    rounds' time over the tasks done: 1.3 s at the end of a round, at most (workers - 1) / tasks
+    done above it within one."""
+    _, _, etas, _ = fake_run(ISSUE_RUN, workers=2)
+    assert etas[:14] == [None] * 14  # scoring measured after min(2 * 2, 10 / 2) = 4 tasks
+    for done, eta in zip(range(4, 11), etas[14:], strict=True):
+        assert eta == pytest.approx((10 - done) * 2.6 * (done + done % 2) / 2 / done)
+        assert eta <= (10 - done) * 1.3 * (1 + 1 / done) + 1e-9
+
+
+def test_before_any_cost_is_measured_the_bar_follows_the_work_model():
+    """Nothing measured yet (every task so far finished at once): work done over work in all."""
+    bar = Bar(Reporter("t", io.StringIO()), clock=lambda: 0.0)
+    keys = [work_key("range", 30), work_key("scoring", 70)]
+    bar.add_graph(keys)
+    bar.start(0.0)
+    bar.finished(keys[0])
+    assert bar.fraction == pytest.approx(0.3) and bar.eta() is None
 
 
 def test_live_bar_on_a_terminal(store_path):
@@ -167,7 +230,7 @@ def test_live_bar_on_a_terminal(store_path):
     assert all(d.endswith(progress.CLEAR_LINE) for d in drawings[:-1]) and drawings[-1].endswith("\n")
     assert re.fullmatch(r"streameval \[#{30}\] 100% positives, range, scoring in \d+\.\d\d s\x1b\[K\n", drawings[-1])
     assert re.fullmatch(r"streameval \[\.{30}\]   0% compiling kernels  0\.0 s\x1b\[K", drawings[0])
-    assert all(re.fullmatch(r"streameval \[[#.]{30}\] +\d+% [a-z, ]+  \d+\.\d s(  eta \d+ s)?\x1b\[K", d)
+    assert all(re.fullmatch(r"streameval \[[#.]{30}\] +\d+% [a-z, ]+  \d+\.\d s(  eta (\d+ s|estimating))?\x1b\[K", d)
                for d in drawings[:-1])
 
 

@@ -2,8 +2,10 @@
 
 Each ```python and ```bash block of README.md runs in a fresh directory, with the virtual
 environment running these tests first on PATH: bash blocks line by line (each line must exit 0),
-python blocks as one script (must exit 0).  A ``streameval eval`` / ``update`` line must also leave
-its result: the --json file (or JSON on stdout), or the summary table.
+python blocks as typed at the prompt, each bare expression showing its value (must exit 0), the
+numbers they show or print then recomputed another way (``CHECKS``).  A ``streameval eval`` /
+``update`` line must also leave its result: the --json file (or JSON on stdout), or the summary
+table.
 
 A block that cannot run here carries a marker on the line before its opening fence::
 
@@ -25,6 +27,7 @@ Arguments that would take minutes are replaced, only as listed in SUBSTITUTIONS.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -114,8 +117,9 @@ def made_by(block: Block) -> set[str]:
 
 
 def tiny_problem(rng, n_query, n_gallery, n_ids=8, dim=8):
-    """Clustered identities; a few open-set queries (pids past n_ids), pid 0 distractors, -1 junk."""
-    centres = 3 * rng.standard_normal((n_ids + 3, dim))
+    """Clustered identities, close enough that not every rank-1 is a hit (a rank off by one shows in
+    the numbers checked); a few open-set queries (pids past n_ids), pid 0 distractors, -1 junk."""
+    centres = 2 * rng.standard_normal((n_ids + 3, dim))
     q_pids = np.concatenate([rng.integers(1, n_ids + 1, n_query - 3), [n_ids + 1, n_ids + 2, n_ids + 2]])
     g_pids = rng.choice(np.arange(-1, n_ids + 1), n_gallery)
     arrays = {"q_pids": q_pids, "q_camids": rng.integers(0, 3, n_query),
@@ -182,8 +186,72 @@ def run_bash(block: Block, cwd: Path) -> None:
             check_result_left(words, proc, cwd)
 
 
+# A python block runs as the reader would type it at the prompt: each bare expression shows its value
+# (what the README's comments describe).  Its check then runs, with ``shown`` (the text it showed and
+# printed) and ``displayed`` (the values shown, in order).
+REPL = """\
+import ast, contextlib, io, sys
+code, check = sys.argv[1:3]
+namespace = {"__name__": "__main__"}
+exec(%r, namespace)
+displayed, show = [], sys.displayhook
+def record(value):
+    if value is not None:
+        displayed.append(value)
+    show(value)
+sys.displayhook = record
+shown = io.StringIO()
+with contextlib.redirect_stdout(shown):
+    for node in ast.parse(code).body:
+        single = isinstance(node, ast.Expr)
+        tree = ast.Interactive([node]) if single else ast.Module([node], [])
+        exec(compile(tree, "<README>", "single" if single else "exec"), namespace)
+print(shown.getvalue(), end="")
+sys.path.insert(0, %r)
+exec(check, {**namespace, "shown": shown.getvalue(), "displayed": displayed})
+""" % (PRELUDE, str(Path(__file__).resolve().parent))
+
+# The numbers a block shows or prints, recomputed another way: the brute-force reference, a full
+# evaluation, or the suite's spread from separate evaluations and numpy.  Keyed by a line of the block.
+CHECKS = {
+    'result = streameval.evaluate("feats.zarr", metric="euclidean", max_rank=50)': """
+import numpy as np
+from reference import reference_evaluate
+ref = reference_evaluate(qf, qp, qc, gf, gp, gc, metric="euclidean", max_rank=50)
+(m_ap, rank1, cmc, m_inp), shown_result = displayed[:2]
+assert np.allclose([m_ap, rank1, m_inp], [ref["mAP"], ref["cmc"][0], ref["mINP"]], rtol=0, atol=1e-12), shown
+assert np.allclose(cmc, ref["cmc"], rtol=0, atol=1e-12)
+assert f"mAP {100 * ref['mAP']:.2f}%" in repr(shown_result) and repr(shown_result) in shown
+arrays = displayed[-1]  # in-memory arrays, the default metric
+ref = reference_evaluate(qf, qp, qc, gf, gp, gc, metric=arrays.to_dict()["metric"], max_rank=arrays.max_rank)
+assert np.allclose([arrays.mAP, arrays.mINP], [ref["mAP"], ref["mINP"]], rtol=0, atol=1e-12)
+""",
+    'result = streameval.evaluate("feats.zarr", state="feats.state")': """
+shown_update = displayed[-1]
+assert repr(shown_update) in shown
+assert (shown_update["rows_before"], shown_update["rows_added"]) == (len(gf), len(features)), shown
+full = streameval.evaluate("feats.zarr").to_dict(per_query=True)
+assert {k: v for k, v in result.to_dict(per_query=True).items() if k != "run"} == \\
+    {k: v for k, v in full.items() if k != "run"}  # the comment's claim: update == evaluate of the grown store
+""",
+    'result = streameval.run_suite("feats.zarr", streameval.load_suite("cil-factorial", trials=3))': """
+import numpy as np
+m_ap = [streameval.evaluate("feats.zarr", query_variant=f"corrupt-t{t}", gallery_variant=f"corrupt-t{t}").mAP
+        for t in range(3)]
+assert np.std(m_ap) > 0  # (ddof 0 would print another std)
+assert shown == f"both: mAP {np.mean(m_ap):.4f} +- {np.std(m_ap, ddof=1):.4f} over 3 trials\\n", (shown, m_ap)
+""",
+}
+
+
+def check_of(block: Block) -> str:
+    found = [check for line, check in CHECKS.items() if line in block.code.splitlines()]
+    assert len(found) <= 1, f"README line {block.line}: several checks"
+    return found[0] if found else ""
+
+
 def run_python(block: Block, cwd: Path) -> None:
-    proc = run([sys.executable, "-c", PRELUDE + substituted(block.code)], cwd)
+    proc = run([sys.executable, "-c", REPL, substituted(block.code), check_of(block)], cwd)
     assert proc.returncode == 0, f"README python block at line {block.line} exited {proc.returncode}:\n{proc.stderr}"
 
 
@@ -205,6 +273,19 @@ def test_every_marker_sits_right_before_a_block():
     marked = [b for b in BLOCKS if b.not_run]
     assert len(MARKER.findall(README_TEXT)) == len(marked)
     assert all(b.not_run.strip() for b in marked)  # a reason is given
+
+
+def shows_something(code: str) -> bool:
+    """A bare expression shown at the prompt (a call is a statement for its effect: not counted), or a print."""
+    return "print(" in code or any(isinstance(node, ast.Expr) and not isinstance(node.value, ast.Call)
+                                   for node in ast.parse(code).body)
+
+
+def test_every_python_block_that_shows_numbers_has_them_checked():
+    for block in BLOCKS:
+        if block.language == "python" and not block.not_run and shows_something(block.code):
+            assert check_of(block), f"README line {block.line}: shows numbers that no CHECKS entry recomputes"
+    assert all(any(line in b.code.splitlines() for b in BLOCKS) for line in CHECKS)  # none stale
 
 
 def test_most_blocks_run_and_substitutions_are_current():

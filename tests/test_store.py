@@ -24,6 +24,8 @@ from streameval import OptionError, StoreError, append_gallery, evaluate, open_s
 from streameval.cli import main
 from streameval.store import open_group
 
+from signal_checks import ctrl_c_at_pause, paused_script
+
 DIM = 8
 
 
@@ -447,22 +449,18 @@ def test_package_exports():
         assert hasattr(streameval, name)
 
 
-def test_interrupted_append_leaves_the_store_as_it_was(tmp_path, monkeypatch):
-    """Data first, committed count last: a crash before the commit never lengthens the store."""
+def test_interrupted_append_leaves_the_store_as_it_was(tmp_path):
+    """Data first, committed count last: a Ctrl-C (a real SIGINT) before the commit never lengthens
+    the store."""
     path = tmp_path / "s.zarr"
     write(path)
     before = evaluate(path, no_gom=True).to_dict(per_query=True)
     n = len(open_store(path).gallery)
     rng = np.random.default_rng(5)
     extra = rng.standard_normal((7, DIM)).astype(np.float32)
-
-    def crash(target):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(streameval.store.writing, "commit_gallery", crash)
-    with pytest.raises(KeyboardInterrupt):
-        append_gallery(path, extra, np.full(7, 999), np.zeros(7, np.int64))
-    monkeypatch.undo()
+    np.save(tmp_path / "extra.npy", extra)
+    append = "streameval.append_gallery(sys.argv[1], np.load(sys.argv[2]), np.full(7, 999), np.zeros(7, np.int64))"
+    ctrl_c_at_pause(paused_script("streameval.store.writing", "commit_gallery", append), path, tmp_path / "extra.npy")
     store = open_store(path)
     assert len(store.gallery) == n and store.gallery.features.shape[0] == n + 7  # uncommitted tail
     after = evaluate(path, no_gom=True).to_dict(per_query=True)

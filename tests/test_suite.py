@@ -174,6 +174,20 @@ def test_settings_spread_is_numpys_over_the_trials(store):
                                        "std": section["settings"]["both"]["std"]}
 
 
+def test_without_std_ddof_the_spread_is_the_sample_std(store):
+    """PROTOCOLS.md 4.3: std over the trials with ddof 1 unless the suite says otherwise."""
+    section = run_suite(store, load_suite("cil-factorial", trials=TRIALS)).to_dict()["suite"]
+    assert section["std_ddof"] == 1
+    spread_seen = False
+    for setting in ("query", "gallery", "both"):
+        summary = section["settings"][setting]
+        for metric in section["metrics"]:
+            per_trial = np.array(summary["per_trial"][metric])
+            assert summary["std"][metric] == np.std(per_trial, ddof=1)
+            spread_seen |= summary["std"][metric] > 0
+    assert spread_seen  # (with equal trials ddof 0 and 1 would agree)
+
+
 def test_v8_spread_and_query_breakdown(store):
     v8 = spread([0.30, 0.28, 0.26], 1)
     assert v8["mean"] == pytest.approx(0.28) and v8["std"] == pytest.approx(0.02)

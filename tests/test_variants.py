@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import streameval
-import streameval.store.writing
 from cli_checks import cli, one_error_line
+from signal_checks import ctrl_c_at_pause, paused_script
 from streameval import OptionError, StoreError, append_gallery, evaluate, open_store, write_store
 from streameval.store import open_group
 from streameval.store.variants import CLEAN, variant_attrs, variant_columns, variant_names, variant_set, write_variant
@@ -253,20 +253,18 @@ def test_an_append_missing_or_naming_an_unknown_variant_is_refused(tmp_path, var
     assert_same_snapshot(snapshot(path), before)
 
 
-def test_an_interrupted_append_leaves_every_variant_as_it_was(tmp_path, monkeypatch):
+def test_an_interrupted_append_leaves_every_variant_as_it_was(tmp_path):
+    """A real Ctrl-C (SIGINT) once every row is written, before the commit."""
     path = tmp_path / "s.zarr"
     _, data = store_with_gallery_variants(path)
     features, pids, camids = new_rows(7)
     given = {"a": {"features": features, "corruption_type": np.zeros(7, int), "severity": np.ones(7, int)},
              "b": features}
-
-    def crash(target):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(streameval.store.writing, "commit_gallery", crash)
-    with pytest.raises(KeyboardInterrupt):
-        append_gallery(path, features, pids, camids, variants=given)
-    monkeypatch.undo()
+    np.savez(tmp_path / "rows.npz", features=features, pids=pids, camids=camids)
+    append = ('rows = np.load(sys.argv[2]); streameval.append_gallery(sys.argv[1], rows["features"], rows["pids"], '
+              'rows["camids"], variants={"a": {"features": rows["features"], "corruption_type": np.zeros(7, int), '
+              '"severity": np.ones(7, int)}, "b": rows["features"]})')
+    ctrl_c_at_pause(paused_script("streameval.store.writing", "commit_gallery", append), path, tmp_path / "rows.npz")
     store = open_store(path)
     a = variant_set(store, "gallery", "a")
     assert len(a) == NG and a.features.shape[0] == NG + 7  # an uncommitted tail, not read

@@ -118,16 +118,36 @@ def reference_trial(pos: list, neg: list, targets: str, bits: int) -> dict:
 def assert_trial(got: dict, pos: list, neg: list, targets: str, bits: int, where: str, auc: bool = True) -> None:
     ref = reference_trial(pos, neg, targets, bits)
     assert (got["n_pos"], got["n_neg"]) == (ref["n_pos"], ref["n_neg"]), where
-    for point, want in zip(got["points"], ref["points"]):
+    assert len(got["points"]) == len(ref["points"]), f"{where}: {len(got['points'])} points"
+    for point, want in zip(got["points"], ref["points"], strict=True):
         assert {key: point[key] for key in want} == want, f"{where}: FAR {point['far']}"
     assert got["auc"] == (ref["auc"] if auc else None), where
     curves = got["curves"]
     assert curves["threshold"] == ref["thresholds"], where
-    for t, tar, far in zip(curves["threshold"], curves["tar"], curves["far"]):
+    for t, tar, far in zip(curves["threshold"], curves["tar"], curves["far"], strict=True):
         assert tar == (below(pos, t) / len(pos) if pos else None) and far == below(neg, t) / len(neg), f"{where}: {t}"
 
 
 # --------------------------------------------------------------------------------- problems
+
+
+def float_traps(n_neg: int, count: int = 2) -> list[str]:
+    """FAR targets, decimals of 20 digits as a user may write them, whose k = floor(x N-) float64
+    gets wrong: x just above or below some k / N-, where the double nearest x falls on k's other side."""
+    found = []
+    for k in range(1, n_neg):
+        scaled = Fraction(k, n_neg) * 10**20
+        for digits in (math.ceil(scaled), math.floor(scaled)):
+            text = "0." + str(digits).rjust(20, "0")
+            if math.floor(float(text) * n_neg) != math.floor(Fraction(text) * n_neg) and len(found) < count:
+                found.append(text)
+    return found
+
+
+def with_traps(targets: str, pairs: list) -> str:
+    """``targets`` and the float traps of every trial's N-, ascending (as the result lists them)."""
+    traps = [x for _, neg in pairs for x in float_traps(len(neg))]
+    return ",".join(sorted(set(targets.split(",")) | set(traps), key=Fraction))
 
 
 def problem(seed: int, dim: int = 3):
@@ -166,6 +186,7 @@ CASES = {  # name: (protocol, overrides)
 def test_verification_equals_the_pairs_reference_for_every_chunking_and_method(case, monkeypatch):
     spec, overrides = CASES[case]
     protocol = resolve(spec, **overrides)
+    trapped = False
     for seed in range(2):
         qf, q_pid, q_cam, gf, g_pid, g_cam = problem(seed)
         if spec == "sysu-all":  # its cameras: queries 3 and 6, gallery 1, 2, 4, 5
@@ -173,6 +194,8 @@ def test_verification_equals_the_pairs_reference_for_every_chunking_and_method(c
         ext_f, ext_pid, ext_cam, n_stored = extend_gallery(qf, q_pid, q_cam, gf, g_pid, g_cam, protocol)
         pairs = pooled_pairs(distance_matrix(qf, ext_f, "euclidean"), q_pid, q_cam, ext_pid, ext_cam, protocol,
                              n_stored)
+        targets = with_traps(TARGETS, pairs)  # k exact, not float64's (as test_k_is_exact_... alone did)
+        trapped |= targets != TARGETS
         outputs = []
         for method, extra in (("tail", {}), ("tail", {"auc": False}), ("tail", {"auc": False, "hist_bits": 20}),
                               ("two-pass", TWO_PASS), ("two-pass", NARROW),
@@ -180,7 +203,7 @@ def test_verification_equals_the_pairs_reference_for_every_chunking_and_method(c
             for chunking in CHUNKINGS:
                 with routed(monkeypatch, method) as banded:
                     result = streameval.evaluate(arrays(qf, q_pid, q_cam, gf, g_pid, g_cam), metric="euclidean",
-                                                 protocol=protocol, verification=True, far=TARGETS,
+                                                 protocol=protocol, verification=True, far=targets,
                                                  **{"no_gom": True, "auc": True, **extra}, **chunking
                                                  ).to_dict()["verification"]
                 where = f"{case} seed {seed} {method} {extra} {chunking}"
@@ -191,17 +214,18 @@ def test_verification_equals_the_pairs_reference_for_every_chunking_and_method(c
                     assert bool(sum(banded)) == (method != "missed bands"), where
                 auc = extra.get("auc", True)
                 if len(pairs) == 1:
-                    assert_trial(result, *pairs[0], TARGETS, bits, where, auc)
+                    assert_trial(result, *pairs[0], targets, bits, where, auc)
                 else:
                     assert result["T"] == len(pairs) and result["curves"] is None
                     for t, (got, (pos, neg)) in enumerate(zip(result["per_trial"], pairs)):
-                        assert_trial(got, pos, neg, TARGETS, bits, f"{where} trial {t}", auc)
+                        assert_trial(got, pos, neg, targets, bits, f"{where} trial {t}", auc)
                     tars = [[p["tar"] for p in trial["points"]] for trial in result["per_trial"]]
                     assert [p["tar"] for p in result["points"]] == pytest.approx(np.mean(tars, axis=0), abs=1e-15)
                     assert result["std"]["tar"] == pytest.approx(np.std(tars, axis=0, ddof=1).tolist(), abs=1e-15)
                 if auc:  # (without the AUC, the same points and curves are checked above)
                     outputs.append(json.dumps(without_curves(result)))
         assert len(set(outputs)) == 1, f"{case} seed {seed}: chunkings or methods disagree"
+    assert trapped  # some N- here has targets float64 gets wrong
 
 
 def test_near_ties_overflowing_the_tail_take_the_two_pass_route():
