@@ -28,6 +28,40 @@ ensure_venv() {
     cd "$root"
 }
 
+# Install torch's CPU build into VENV (for the tests of .pt files) when it has no torch yet and pip's
+# find-links folders (pip config, PIP_FIND_LINKS) hold a CPU wheel for its Python.  torch is not in the
+# test extra: pip's index would resolve it to the CUDA build, gigabytes; without a CPU wheel the .pt
+# tests are skipped, saying why, and `pip install -e '.[torch]'` adds whichever torch one wants.
+ensure_cpu_torch() {  # VENV
+    local version
+    "$1/bin/python" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)' && return 0
+    version="$(_cpu_torch_version "$1/bin/python")"
+    [ -n "$version" ] || return 0
+    echo "installing torch $version (CPU build) into $1 for the .pt reader tests ..." >&2
+    "$1/bin/python" -m pip install -qq "torch==$version" ||
+        echo "warning: torch $version did not install; the .pt reader tests will be skipped" >&2
+}
+
+# Print the newest version of a torch CPU wheel (torch-VERSION+cpu-cpXY-cpXY-*.whl) for PYTHON in pip's
+# find-links folders, or nothing.
+_cpu_torch_version() {  # PYTHON
+    "$1" -I - <<'PY'
+import glob, os, re, subprocess, sys
+
+config = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+folders = os.environ.get("PIP_FIND_LINKS", "").split()
+for line in config.splitlines():
+    key, _, value = line.partition("=")
+    if key.endswith("find-links"):
+        folders += value.strip("'\"").split()
+tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+versions = [os.path.basename(path).split("-")[1] for folder in folders
+            for path in glob.glob(os.path.join(folder.removeprefix("file://"), f"torch-*+cpu-{tag}-{tag}-*.whl"))]
+if versions:
+    print(max(versions, key=lambda v: [int(n) for n in re.findall(r"[0-9]+", v.split("+")[0])]))
+PY
+}
+
 # Print "PYPROJECT_SHA256 EXTRAS" as the stamp should read after an install: the requested extras
 # joined with those already installed from the same pyproject.toml (so alternating demo and test
 # runs do not re-install).  Exit 0 if that is installed already and streameval imports from ROOT.

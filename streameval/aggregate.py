@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 
 from . import __version__
-from .choices import RESULT_SCHEMA
+from .choices import FRACTION, RESULT_SCHEMA, Bounds
 from .errors import OptionError, StreamevalError, one_line
 from .spread import STATS, spread
 
@@ -35,6 +35,8 @@ PER_RUN = ("n_queries", "n_valid_queries", "mAP", "rank1", "mINP")
 TARGETS = {"verification": ("far", (("tar",), "TAR"), (("achieved_far",), "achieved FAR")),
            "open_set": ("fpir", (("achieved_fpir",), "achieved FPIR"),)}
 NESTED = ("gom", "verification", "open_set")  # sections whose statistics nest under their name
+COUNT = Bounds(0.0, math.inf, integer=False)  # an aggregate's counts are means: not always whole
+# every other value averaged is a rate or a normalised threshold: CMC, AP, INP, GOM, TAR, FAR, DIR, AUC
 
 
 class ResultFileError(StreamevalError):
@@ -272,6 +274,10 @@ def _value(run: Run, path: tuple):
     numbers = value if isinstance(value, list) else [value]
     if value is not None and not all(_is_number(v) for v in numbers):
         raise ResultFileError(f"'{run.path}': {name} must be a finite number, a list of them or null")
+    domain = COUNT if path[0] in COUNTS else FRACTION
+    refusal = next(filter(None, map(domain.refusal, numbers)), None) if value is not None else None
+    if refusal:  # a tampered or foreign file: averaging it would print an impossible number
+        raise ResultFileError(f"'{run.path}': {name} {refusal}")
     if isinstance(value, list):
         expected = _curve_length(run.result, path)
         if len(value) != expected:

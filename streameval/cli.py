@@ -18,7 +18,7 @@ import warnings
 import click
 
 from . import outputs
-from .choices import MAX_RANK_LIMIT, METRICS, PRECISIONS, SUMMARY_FORMATS
+from .choices import MAX_RANK_LIMIT, METRICS, PRECISIONS, RANGES, SUMMARY_FORMATS
 from .errors import StoreWarning, StreamevalError
 from .plan import SIZE_UNITS, parse_bytes
 from .signals import stopped
@@ -95,6 +95,27 @@ def main():
     """
 
 
+class Bounded(click.ParamType):
+    """A numeric option read whole (any number of digits; nan and inf for floats) and refused
+    outside its declared range (``choices.RANGES[key]``) before the command runs."""
+
+    def __init__(self, key: str):
+        self.bounds = RANGES[key]
+        self.name = "integer" if self.bounds.integer else "float"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):  # a default
+            return value
+        try:
+            number = int(value) if self.bounds.integer else float(value)
+        except ValueError:
+            self.fail(f"{value!r} is not {'an integer' if self.bounds.integer else 'a number'}", param, ctx)
+        refusal = self.bounds.refusal(number)
+        if refusal:
+            self.fail(refusal, param, ctx)
+        return number
+
+
 def _int_list(ctx, param, value):
     if value is None:
         return None
@@ -106,18 +127,23 @@ def _int_list(ctx, param, value):
 
 def _rank_list(ctx, param, value):
     ranks = _int_list(ctx, param, value)
-    if ranks is not None and not (ranks and all(1 <= k <= MAX_RANK_LIMIT for k in ranks)):
+    if ranks is not None and not (ranks and not any(map(RANGES["max_rank"].refusal, ranks))):
         raise click.BadParameter(f"expected ranks from 1 to {MAX_RANK_LIMIT:,}, comma-separated, got {value!r}")
     return ranks
 
 
 def _bytes(ctx, param, value):
+    """A SIZE option in bytes, in its declared range (``choices.RANGES``)."""
     if value is None:  # an option left out
         return None
     try:
-        return parse_bytes(value)
+        size = parse_bytes(value)
     except StreamevalError as exc:
         raise click.BadParameter(str(exc)) from None
+    refusal = RANGES[param.name].refusal(size)
+    if refusal:
+        raise click.BadParameter(refusal)
+    return size
 
 
 def _key_values(ctx, param, values):
@@ -210,7 +236,7 @@ def _result_options(defaults: bool):
         option("--metric", type=click.Choice(METRICS),
                help="Distance." + (" Default: the store's default_metric attribute (euclidean if unset)." if defaults
                                    else "")),
-        option("--max-rank", type=click.IntRange(min=1), default=50, help="Length of the CMC curve."),
+        option("--max-rank", type=Bounded("max_rank"), default=50, help="Length of the CMC curve."),
         option("--precision", type=click.Choice(PRECISIONS), default="float32",
                help="Precision of the distance GEMM (features are upcast per chunk)."),
         option("--no-gom", is_flag=True, default=False,
@@ -218,8 +244,8 @@ def _result_options(defaults: bool):
         option("--gom-norm", default="minmax",
                help="GOM distance normalisation: minmax (global min/max, an extra pass), fixed:LO:HI "
                     "(e.g. fixed:0:2 for cosine, one pass) or none (distances already in [0, 1])."),
-        option("--gom-bins", type=click.IntRange(min=1), default=100, help="Threshold grid size N: tau = 0, 1/N, ..., 1."),
-        option("--gom-b", type=click.IntRange(min=1), default=3000,
+        option("--gom-bins", type=Bounded("gom_bins"), default=100, help="Threshold grid size N: tau = 0, 1/N, ..., 1."),
+        option("--gom-b", type=Bounded("gom_b"), default=3000,
                help="FR cap B: FR = min(returned, B) / B for open-set queries."),
         option("--gom-vp", type=click.Choice(["reference", "jaccard"]), default="reference",
                help="VP as the GOM reference code (returns capped at the last positive) or the paper's Jaccard index."),
@@ -238,15 +264,15 @@ def _result_options(defaults: bool):
                help="Queries without a positive: skip them (default of the protocols) or count them as 0 (layumi's scripts)."),
         option("--cmc", type=click.Choice(["first-hit", "identity-dedup"]),
                help="CMC flavour. Default: the protocol's (identity-dedup for SYSU-MM01)."),
-        option("--trials", type=click.IntRange(min=0),
+        option("--trials", type=Bounded("trials"),
                help="Number of gallery trials (masks over one pass; 0: none). Default: the protocol's (10 for SYSU, VehicleID)."),
         option("--trial-source", metavar="draw|official:PATH|mangye16-random",
                help="Where trial galleries come from: seeded draws, an official permutation table, or mangye16's random."),
-        option("--shots", type=click.IntRange(min=1), help="Gallery rows per group in each trial (SYSU multi-shot: 10)."),
-        option("--seed", type=int, help="Seed of the trial and sgs draws (hash-based: the same for any chunking)."),
+        option("--shots", type=Bounded("shots"), help="Gallery rows per group in each trial (SYSU multi-shot: 10)."),
+        option("--seed", type=Bounded("seed"), help="Seed of the trial and sgs draws (hash-based: the same for any chunking)."),
         option("--sgs-mode", type=click.Choice(["sampled", "expected", "both"]),
                help="cuhk03-sgs: sampled repeats, the exact expectation over all draws, or both."),
-        option("--sgs-repeats", type=click.IntRange(min=1), help="cuhk03-sgs: sampled repeats (default 10)."),
+        option("--sgs-repeats", type=Bounded("sgs_repeats"), help="cuhk03-sgs: sampled repeats (default 10)."),
         option("--camera-rule", type=click.Choice(["same-id-same-cam", "separate-cameras"]),
                help="cuhk03-sgs: torchreid's rule (default) or open-reid's separate camera sets."),
         option("--direction", type=click.Choice(["both", "v2t", "t2v"]), help="regdb: which directions to run (default both)."),
@@ -256,13 +282,13 @@ def _result_options(defaults: bool):
 
 _execution_options = _section(
     "Execution",
-    click.option("--query-block", type=click.IntRange(min=1), default=None,
+    click.option("--query-block", type=Bounded("query_block"), default=None,
                  help="Queries per task. Default: all queries if the memory budget allows (gallery read once)."),
-    click.option("--gallery-chunk", type=click.IntRange(min=1), default=None,
+    click.option("--gallery-chunk", type=Bounded("gallery_chunk"), default=None,
                  help="Gallery rows per task. Default: from --memory-budget, aligned to store chunks."),
     click.option("--memory-budget", default="1GiB", show_default=True, callback=_bytes, metavar="SIZE",
                  help=f"Working memory the chunk sizes are planned for. SIZE: {SIZE_UNITS}."),
-    click.option("--workers", type=click.IntRange(min=1), default=None,
+    click.option("--workers", type=Bounded("workers"), default=None,
                  help="Tasks run at once (threads of the default scheduler). Default: all cores / all cluster threads."),
     click.option("--scheduler", default=None, metavar="ADDRESS",
                  help="Run on an existing Dask cluster: its scheduler address, e.g. tcp://10.0.0.5:8786."),
@@ -272,12 +298,12 @@ _execution_options = _section(
                  help="Start a LocalCluster of worker processes for this run. This, --scheduler and --scheduler-file "
                       "need the distributed extra (pip install distributed; in the streameval clone: "
                       ".venv/bin/pip install -e '.[distributed]')."),
-    click.option("--n-workers", type=click.IntRange(min=1), default=None, help="LocalCluster worker processes."),
-    click.option("--threads-per-worker", type=click.IntRange(min=1), default=None,
+    click.option("--n-workers", type=Bounded("n_workers"), default=None, help="LocalCluster worker processes."),
+    click.option("--threads-per-worker", type=Bounded("threads_per_worker"), default=None,
                  help="LocalCluster threads per worker."),
     click.option("--memory-limit", default=None, callback=_bytes, metavar="SIZE",
                  help="LocalCluster memory limit per worker, a SIZE as --memory-budget's (e.g. 4GiB, 4GB)."),
-    click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=15.0, show_default=True,
+    click.option("--connect-timeout", type=Bounded("connect_timeout"), default=15.0, show_default=True,
                  help="Seconds to wait for a cluster's scheduler and first worker."),
     click.option("-S", "--storage-option", "storage_options", multiple=True, callback=_key_values,
                  metavar="KEY=VALUE",
@@ -308,7 +334,7 @@ _output_options = _section(
 
 _ranked_options = _section(
     "Ranked lists",
-    click.option("--ranked-list", type=click.IntRange(min=1), default=None, metavar="K",
+    click.option("--ranked-list", type=Bounded("ranked_list"), default=None, metavar="K",
                  help="Also write each query's top-K gallery rows in ranking order, marked positive / negative "
                       "(and junk), computed in the same pass (docs/ranked-lists.md)."),
     click.option("--ranked-out", type=click.Path(), default=None,
@@ -323,7 +349,7 @@ _ranked_options = _section(
                  help="Show the rows the protocol excludes (junk) in place when they come before the K-th kept row."),
     click.option("--with-positives", is_flag=True, default=None,
                  help="Add every positive of each query with its rank and distance."),
-    click.option("--trial", type=click.IntRange(min=0), default=None,
+    click.option("--trial", type=Bounded("trial"), default=None,
                  help="With trials: the trial whose ranked lists are written (default 0)."),
 )
 
@@ -352,7 +378,7 @@ _verification_options = _section(  # update: None = as in the state
     click.option("--tail-budget", default=None, callback=_bytes, metavar="SIZE",
                  help="--verification: memory for the tail of smallest negative distances (default 64MiB; a SIZE "
                       "as --memory-budget's); a larger need takes an exact refinement pass more."),
-    click.option("--hist-bits", type=click.IntRange(4, 24), default=None,
+    click.option("--hist-bits", type=Bounded("hist_bits"), default=None,
                  help="--verification: histogram (ROC/DET) resolution, in bits of the distance's float64 key "
                       "(default 16: 16 bins per octave)."),
 )
@@ -551,20 +577,20 @@ def append(store, input_npz, paths_file):
 
 @main.command()
 @click.argument("out", type=click.Path())
-@click.option("--queries", type=click.IntRange(min=1), default=3368, show_default=True, help="Number of queries.")
-@click.option("--gallery", type=click.IntRange(min=1), default=19732, show_default=True, help="Gallery rows.")
-@click.option("--dim", type=click.IntRange(min=1), default=2048, show_default=True, help="Feature dimension.")
-@click.option("--ids", type=click.IntRange(min=1), default=750, show_default=True, help="Identities shared by query and gallery.")
-@click.option("--cams", type=click.IntRange(min=1), default=6, show_default=True, help="Cameras.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--junk", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+@click.option("--queries", type=Bounded("n_query"), default=3368, show_default=True, help="Number of queries.")
+@click.option("--gallery", type=Bounded("n_gallery"), default=19732, show_default=True, help="Gallery rows.")
+@click.option("--dim", type=Bounded("dim"), default=2048, show_default=True, help="Feature dimension.")
+@click.option("--ids", type=Bounded("n_ids"), default=750, show_default=True, help="Identities shared by query and gallery.")
+@click.option("--cams", type=Bounded("n_cams"), default=6, show_default=True, help="Cameras.")
+@click.option("--seed", type=Bounded("seed"), default=0, show_default=True)
+@click.option("--junk", type=Bounded("junk_frac"), default=0.0, show_default=True,
               help="Fraction of gallery rows that are junk (pid -1).")
-@click.option("--distractors", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+@click.option("--distractors", type=Bounded("distractor_frac"), default=0.0, show_default=True,
               help="Fraction of gallery rows that are distractors (pid 0, no identity).")
-@click.option("--open-queries", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+@click.option("--open-queries", type=Bounded("open_query_frac"), default=0.0, show_default=True,
               help="Fraction of queries whose identity has no gallery image.")
 @click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)
-@click.option("--chunk-rows", type=click.IntRange(min=1), default=None,
+@click.option("--chunk-rows", type=Bounded("chunk_rows"), default=None,
               help="Rows per zarr chunk. Default: about 8 MiB of features per chunk.")
 @click.option("--metric", type=click.Choice(METRICS), default="euclidean", show_default=True,
               help="Default distance recorded in the store.")
@@ -574,9 +600,9 @@ def append(store, input_npz, paths_file):
 @click.option("--variants", type=click.Choice(SUITE_PRESETS), default=None,
               help="Also write corruption-like feature variants of the queries and the gallery, named as the suite "
                    "preset of that name reads them (docs/variants.md): a random corruption type and severity per row.")
-@click.option("--variant-trials", type=click.IntRange(min=1), default=10, show_default=True,
+@click.option("--variant-trials", type=Bounded("variant_trials"), default=10, show_default=True,
               help="--variants: trials, each with its own corrupted draws.")
-@click.option("--noise", type=click.FloatRange(min=0), default=1.0, show_default=True,
+@click.option("--noise", type=Bounded("noise"), default=1.0, show_default=True,
               help="Scale of the per-image noise against the identity signal: 1 is a strong model (Market size: "
                    "mAP ~83%), larger a weaker one whose positives rank deeper (1.4: mAP ~53%).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (and write into an existing --images folder).")
@@ -609,7 +635,7 @@ def synth(out, queries, gallery, dim, ids, cams, seed, junk, distractors, open_q
 @_reading_options
 @click.option("--dtype", type=click.Choice(["float32", "float16"]), default=None,
               help="Stored feature dtype. Default: float16 if the input is float16, else float32.")
-@click.option("--chunk-rows", type=click.IntRange(min=1), default=None,
+@click.option("--chunk-rows", type=Bounded("chunk_rows"), default=None,
               help="Rows per zarr chunk. Default: about 8 MiB of features per chunk.")
 @click.option("--metric", type=click.Choice(METRICS), default=None,
               help="Default distance recorded in a feature store. Default: euclidean.")
@@ -883,7 +909,7 @@ def _finish_suite(result, json_path, per_query, quiet, summary_format, per_evalu
 @main.command("suite", cls=_Sectioned)
 @click.argument("store", type=click.Path())
 @click.argument("suite")
-@click.option("--trials", type=click.IntRange(min=1), default=None,
+@click.option("--trials", type=Bounded("variant_trials"), default=None,
               help="Corruption trials T of a preset plan (default 10, or the suite file's).")
 @click.option("--headline-setting", default=None,
               help="The setting reported as the headline 'corrupted' figure (default both).")
@@ -891,7 +917,7 @@ def _finish_suite(result, json_path, per_query, quiet, summary_format, per_evalu
               help="Std over trials: 1 = sample standard deviation (default), 0 = numpy's default.")
 @click.option("--protocol", default=None, metavar="NAME|FILE", help="The protocol of every evaluation (default market).")
 @click.option("--metric", type=click.Choice(METRICS), default=None, help="Distance (default: the store's).")
-@click.option("--max-rank", type=click.IntRange(min=1), default=None, help="Length of the CMC curve (default 50).")
+@click.option("--max-rank", type=Bounded("max_rank"), default=None, help="Length of the CMC curve (default 50).")
 @click.option("--precision", type=click.Choice(PRECISIONS), default=None, help="Precision of the GEMM (default float32).")
 @click.option("--denominator", type=click.Choice(["skip", "zero"]), default=None,
               help="Queries without a positive: skipped (default) or counted as 0.")
@@ -899,7 +925,7 @@ def _finish_suite(result, json_path, per_query, quiet, summary_format, per_evalu
               help="regdb: the direction evaluated (a suite runs one).")
 @click.option("--gom-norm", default=None, metavar="fixed:LO:HI|none",
               help="Also the GOM metrics, with this normalisation (minmax spans each evaluation's pairs: not offered).")
-@click.option("--gom-bins", type=click.IntRange(min=1), default=None, help="GOM threshold grid size (default 100).")
+@click.option("--gom-bins", type=Bounded("gom_bins"), default=None, help="GOM threshold grid size (default 100).")
 @click.option("--open-set", is_flag=True, default=None, help="Also DIR@FPIR per evaluation (docs/open-set.md).")
 @click.option("--state", type=click.Path(file_okay=False), default=None,
               help="Also save the suite's per-query states here, for 'streameval suite-update' after appends.")

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import plan
+from .choices import check_range
 from .errors import OptionError, StoreError
 from .io import CONVENTIONS, MATRIX_CONVENTIONS, Matching, match, open_source, parse_keys
 from .store import (Store, append_batches, appendable, check_batch, check_metric, commit_gallery, create_store,
@@ -84,8 +85,8 @@ def convert(
     finite; refuses to replace an existing ``out`` unless ``overwrite``.
     """
     keys = parse_keys(keys)
-    if chunk_rows is not None and chunk_rows < 1:
-        raise OptionError(f"chunk_rows must be a positive integer, got {chunk_rows!r}")
+    if chunk_rows is not None:
+        check_range(chunk_rows, "chunk_rows")
     if matrix is not None:
         if matrix not in DISTANCE_KINDS:
             raise OptionError(f"matrix must be one of {', '.join(DISTANCE_KINDS)}, got {matrix!r}")

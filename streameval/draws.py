@@ -247,8 +247,10 @@ def load_official_table(path) -> OfficialTable:
 
 
 def _check_header(fields, where):
+    """The first line must be the header: a file that is not a trial table (say, one a protocol file
+    points at) is refused here, its text never echoed in the message."""
     if tuple(fields) != OFFICIAL_HEADER:
-        raise OptionError(f"{where}: the header must be {','.join(OFFICIAL_HEADER)}, got {','.join(fields)}")
+        raise OptionError(f"{where}: the header must be {','.join(OFFICIAL_HEADER)}; this is not an official trial table")
     return tuple(fields)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from . import graph, kernels, metrics, scratch, tiny
-from .choices import MAX_RANK_LIMIT, PRECISIONS
+from .choices import PRECISIONS, check_range
 from .cluster import CONNECT_TIMEOUT_S, ClusterOptions, connect
 from .errors import OptionError
 from .gom import GomOptions
@@ -80,8 +80,7 @@ class Settings:
             raise OptionError(f"metric must be one of {', '.join(kernels.METRIC_CODES)}, got {metric!r}")
         if precision not in PRECISIONS:
             raise OptionError(f"precision must be float32 or float64, got {precision!r}")
-        if not 1 <= max_rank <= MAX_RANK_LIMIT:
-            raise OptionError(f"max_rank must be between 1 and {MAX_RANK_LIMIT:,}, got {max_rank}")
+        max_rank = check_range(max_rank, "max_rank")
         if std_ddof not in (0, 1):
             raise OptionError(f"std_ddof must be 1 (sample standard deviation) or 0, got {std_ddof!r}")
         if isinstance(protocol, Mapping):  # a resolved record, as results and states hold it

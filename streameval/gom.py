@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernels
-from .choices import GOM_BINS_LIMIT, INT64_MAX
+from .choices import check_range
 from .choices import GOM_VP_MODES as VP_MODES
 from .errors import OptionError
 
@@ -41,10 +41,7 @@ class GomOptions:
 
     @classmethod
     def parse(cls, norm: str = "minmax", bins: int = 100, b: int = 3000, vp: str = "reference") -> "GomOptions":
-        if not 1 <= bins <= GOM_BINS_LIMIT:
-            raise OptionError(f"gom_bins must be between 1 and {GOM_BINS_LIMIT:,}, got {bins}")
-        if not 1 <= b <= INT64_MAX:
-            raise OptionError(f"gom_b must be between 1 and {INT64_MAX} (a count of returned items), got {b}")
+        bins, b = check_range(bins, "gom_bins"), check_range(b, "gom_b")
         if vp not in VP_MODES:
             raise OptionError(f"gom_vp must be reference or jaccard, got {vp!r}")
         if norm in ("minmax", "none"):

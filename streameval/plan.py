@@ -10,9 +10,11 @@ interpreter).  Nothing here depends on the gallery length except the number of t
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 
+from .choices import check_range
 from .errors import OptionError
 
 DEFAULT_MEMORY_BUDGET = 1 << 30
@@ -76,10 +78,14 @@ def make_plan(
     query_block: int | None = None,
     gallery_chunk: int | None = None,
 ) -> Plan:
-    """Pick (query_block, gallery_chunk); explicit values win but are checked."""
-    for name, value in (("query_block", query_block), ("gallery_chunk", gallery_chunk), ("workers", workers)):
-        if value is not None and value < 1:
-            raise OptionError(f"{name} must be a positive integer, got {value}")
+    """Pick (query_block, gallery_chunk); explicit values win (up to the store's sizes) but are
+    checked: in range, and a task's working memory within this machine's."""
+    for name, value in (("query_block", query_block), ("gallery_chunk", gallery_chunk), ("workers", workers),
+                        ("memory_budget", memory_budget)):
+        if value is not None:
+            check_range(value, name)
+    if query_block is not None:
+        query_block = min(query_block, n_query)  # the chunk is sized for the block the task holds
     share = memory_budget // (2 * workers)
     row_bytes = dim * (itemsize + stored_itemsize)
     if query_block is None or gallery_chunk is None:
@@ -97,7 +103,31 @@ def make_plan(
         fit = max(MIN_GALLERY_CHUNK, share // (query_block * itemsize + row_bytes))
         balanced = math.ceil(n_gallery / (TASKS_PER_WORKER * workers))
         gallery_chunk = _align(max(MIN_GALLERY_CHUNK, min(fit, balanced)), store_chunk_rows)
-    return Plan(query_block=int(min(query_block, n_query)), gallery_chunk=int(min(gallery_chunk, n_gallery)), workers=workers)
+    plan = Plan(query_block=int(min(query_block, n_query)), gallery_chunk=int(min(gallery_chunk, n_gallery)),
+                workers=workers)
+    _check_task_memory(plan, itemsize, row_bytes)
+    return plan
+
+
+def _check_task_memory(plan: Plan, itemsize: int, row_bytes: int) -> None:
+    """Refuse a task whose dot-product block and gallery rows exceed this machine's memory: it would
+    swap or be killed after minutes instead of failing now."""
+    task = plan.query_block * plan.gallery_chunk * itemsize + plan.gallery_chunk * row_bytes
+    memory = physical_memory()
+    if memory is not None and task > memory:
+        raise OptionError(
+            f"a task of {plan.query_block:,} queries x {plan.gallery_chunk:,} gallery rows needs about "
+            f"{format_bytes(task)}, more than this machine's memory ({format_bytes(memory)}): give a smaller "
+            "--query-block / --gallery-chunk or --memory-budget"
+        )
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes; None where the system does not say (not POSIX)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def minimum_budget(n_query: int, dim: int, itemsize: int, stored_itemsize: int, workers: int) -> int:

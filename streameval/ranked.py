@@ -27,14 +27,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import outputs
-from .choices import is_integer, record_values
+from .choices import check_range, is_integer, record_values
 from .errors import OptionError
 from .plan import format_bytes
 
 RANKED_OPTIONS = ("ranked_list", "trial", "with_junk", "with_positives", "queries", "sort_by")
 SPEC_KEYS = {"ranked_list": "k", "trial": "trial", "with_junk": "with_junk"}  # keyword -> Spec field
 CLI_NAMES = {key: "--" + key.replace("_", "-") for key in RANKED_OPTIONS}
-K_LIMIT = 100_000
 SORT_KEYS = ("ap", "inp", "rank")
 MARKS = ("positive", "negative", "junk")  # codes 0, 1, 2; PAD marks no entry
 POSITIVE, NEGATIVE, JUNK, PAD = 0, 1, 2, -1
@@ -57,8 +56,7 @@ class Spec:
             return None
         if isinstance(value, Mapping):
             value = cls(*record_values(value, ("k", "trial", "with_junk"), "a ranked-list record"))
-        if not is_integer(value.k) or not 1 <= value.k <= K_LIMIT:
-            raise OptionError(f"ranked_list (--ranked-list) must be an integer from 1 to {K_LIMIT:,}, got {value.k!r}")
+        check_range(value.k, "ranked_list", "ranked_list (--ranked-list)")
         if not is_integer(value.trial) or not 0 <= value.trial < n_trials:
             raise OptionError(f"trial (--trial) must be an integer from 0 to {n_trials - 1} (the protocol has "
                               f"{n_trials} trial{'s' if n_trials > 1 else ''}), got {value.trial!r}")

@@ -66,6 +66,7 @@ import zlib
 import numpy as np
 
 from . import plan, store as store_mod
+from .choices import check_range
 from .errors import OptionError
 from .outputs import replace_file
 from .store import Store
@@ -111,18 +112,12 @@ def _rng(seed: int, *stream: int) -> np.random.Generator:
 
 
 def _check_args(n_query, n_gallery, dim, n_ids, n_cams, junk_frac, distractor_frac, open_query_frac, dtype, noise):
-    counts = {"n_query": n_query, "n_gallery": n_gallery, "dim": dim, "n_ids": n_ids, "n_cams": n_cams}
-    for name, value in counts.items():
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise OptionError(f"{name} must be a positive integer, got {value!r}")
-    fractions = {"junk_frac": junk_frac, "distractor_frac": distractor_frac, "open_query_frac": open_query_frac}
-    for name, value in fractions.items():
-        if not 0.0 <= value <= 1.0:
-            raise OptionError(f"{name} must be in [0, 1], got {value!r}")
+    for name, value in {"n_query": n_query, "n_gallery": n_gallery, "dim": dim, "n_ids": n_ids, "n_cams": n_cams,
+                        "junk_frac": junk_frac, "distractor_frac": distractor_frac, "open_query_frac": open_query_frac,
+                        "noise": noise}.items():
+        check_range(value, name)
     if junk_frac + distractor_frac > 1.0:
         raise OptionError(f"junk_frac + distractor_frac must be at most 1, got {junk_frac} + {distractor_frac}")
-    if isinstance(noise, bool) or not isinstance(noise, (int, float, np.integer, np.floating)) or not 0 <= noise < math.inf:
-        raise OptionError(f"noise must be a finite number >= 0, got {noise!r}")
     return store_mod.feature_dtype(dtype)
 
 
@@ -276,9 +271,8 @@ def check_memory(n_query, n_gallery, dim, n_centres, n_cams, chunk_rows) -> None
     """Refuse arguments whose resident arrays would not fit in half the physical memory: the
     identity centres and camera offsets (held throughout), a generation block and a store chunk
     with their temporaries.  Nothing else grows with the store."""
-    try:
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
+    physical = plan.physical_memory()
+    if physical is None:
         return  # not a POSIX system: nothing to compare with
     rows = n_centres + n_cams + 4 * generation_block_rows(dim) + 3 * min(chunk_rows, max(n_query, n_gallery))
     need = rows * dim * 4
@@ -473,10 +467,8 @@ def synthesize(
     """
     dtype = _check_args(n_query, n_gallery, dim, n_ids, n_cams, junk_frac, distractor_frac, open_query_frac, dtype,
                         noise)
-    if chunk_rows is None:
-        chunk_rows = plan.default_chunk_rows(dim, dtype.itemsize)
-    elif chunk_rows < 1:
-        raise OptionError(f"chunk_rows must be a positive integer, got {chunk_rows!r}")
+    chunk_rows = plan.default_chunk_rows(dim, dtype.itemsize) if chunk_rows is None else check_range(chunk_rows,
+                                                                                                      "chunk_rows")
     n_open_ids = open_identity_count(n_query, n_ids, open_query_frac)
     variant_names = _variant_names(variants, variant_trials)
     store_mod.refuse_existing(path, overwrite)
@@ -540,9 +532,7 @@ def _variant_names(variants: str | None, trials) -> dict:
 
     if variants is None:
         return {"query": [], "gallery": []}
-    if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or trials < 1:
-        raise OptionError(f"variant_trials must be a positive integer, got {trials!r}")
-    return preset_variants(variants, int(trials))
+    return preset_variants(variants, check_range(trials, "variant_trials"))
 
 
 def _write_variants(path, store: Store, seed: int, plan_name: str, names: dict, progress: bool) -> None:

@@ -32,7 +32,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .choices import is_integer
+from .choices import check_range, is_integer
 from .errors import OptionError
 from .plan import format_bytes, parse_bytes
 from .rates import parse_rates
@@ -42,7 +42,6 @@ CLI_NAMES = {key: "--" + key.replace("_", "-") for key in VERIFY_OPTIONS}
 DEFAULT_FAR = ("1e-4", "1e-3", "1e-2")
 DEFAULT_TAIL_BUDGET = 64 << 20
 DEFAULT_HIST_BITS = 16
-HIST_BITS = (4, 24)
 RECORD_KEYS = ("far", "auc", "tail_budget", "hist_bits", "core")
 LABEL_CONVENTION = (
     "label 1 = positive pair (same identity, kept by the protocol), label 0 = negative pair; a pair is accepted "
@@ -82,11 +81,8 @@ class Spec:
                    value.get("hist_bits", DEFAULT_HIST_BITS), value.get("core"))
         if not isinstance(spec.auc, bool):
             raise OptionError(f"auc must be true or false, got {spec.auc!r}")
-        if not is_integer(budget) or budget < 1:
-            raise OptionError(f"tail_budget (--tail-budget) must be a positive number of bytes, got {budget!r}")
-        if not is_integer(spec.hist_bits) or not HIST_BITS[0] <= spec.hist_bits <= HIST_BITS[1]:
-            raise OptionError(f"hist_bits (--hist-bits) must be an integer from {HIST_BITS[0]} to {HIST_BITS[1]}, "
-                              f"got {spec.hist_bits!r}")
+        check_range(budget, "tail_budget", "tail_budget (--tail-budget)")
+        check_range(spec.hist_bits, "hist_bits", "hist_bits (--hist-bits)")
         if spec.core is None:
             if pair_bound is None:
                 raise OptionError("a verification record without its tail length (core) needs the store")

@@ -223,6 +223,31 @@ def test_a_value_that_is_not_a_number_is_refused(results, tmp_path):
     assert "mAP must be a finite number" in one_error_line(aggregate(tmp_path, *files, code=3)[0])
 
 
+def tampered(result: dict, path: tuple, value) -> dict:
+    """A deep copy of ``result`` with the value at ``path`` replaced."""
+    copy = json.loads(json.dumps(result))
+    inner = copy
+    for key in path[:-1]:
+        inner = inner[key]
+    inner[path[-1]] = value
+    return copy
+
+
+@pytest.mark.parametrize("path, value, says", [
+    (("mAP",), 7.5, "mAP must be a number from 0 to 1, got 7.5"),
+    (("n_valid_queries",), -5, "n_valid_queries must be a finite number >= 0, got -5"),
+    (("rank1",), -0.25, "rank1 must be a number from 0 to 1, got -0.25"),
+    (("cmc", 3), 1.5, "cmc must be a number from 0 to 1, got 1.5"),
+    (("gom", "MREP"), 2.0, "gom.MREP must be a number from 0 to 1, got 2.0"),
+])
+def test_a_value_outside_its_domain_is_refused_naming_file_and_field(results, tmp_path, path, value, says):
+    """A tampered result is not averaged into an impossible mean: one line naming the file and field."""
+    files = write_all(tmp_path, [results[0], results[1], tampered(results[2], path, value)])
+    line = one_error_line(aggregate(tmp_path, *files, code=3)[0])
+    assert line.startswith(f"error: '{files[2]}': ") and says in line, line
+    assert not (tmp_path / "agg.json").exists()
+
+
 # ------------------------------------------------------------------------------------------ outputs
 
 

@@ -81,7 +81,8 @@ def test_synth_noise(tmp_path):
     run("synth", tmp_path / "n.zarr", *small, "--noise", "1.7")
     expected = synthesize(tmp_path / "e.zarr", n_query=8, n_gallery=40, dim=4, n_ids=3, n_cams=6, noise=1.7)
     np.testing.assert_array_equal(open_store(tmp_path / "n.zarr").gallery.features[:], expected.gallery.features[:])
-    for bad, message in (("-1", "-1.0 is not in the range x>=0"), ("nan", "noise must be a finite number >= 0")):
+    for bad, message in (("-1", "'--noise': must be a finite number >= 0, got -1.0"),
+                         ("nan", "'--noise': must be a finite number >= 0, got nan")):
         refused = run("synth", tmp_path / "bad.zarr", *small, "--noise", bad, ok=False)
         assert refused.exit_code == 2
         assert len(refused.stderr.strip().splitlines()) == 1 and refused.stderr.startswith("error: ")

@@ -110,22 +110,81 @@ def test_a_failed_json_write_leaves_the_previous_file_whole(store, tmp_path, mon
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--gom-bins", "10000000"], "gom_bins must be between 1 and"),
-    (["--max-rank", "1000000000"], "max_rank must be between 1 and"),
-    (["--gom-b", str(2**64)], "gom_b must be between 1 and"),
-    (["--junk-pids", str(2**64)], "junk_pids must be at most"),
+    (["--gom-bins", "10000000"], "'--gom-bins': must be a positive integer up to 100,000, got 10000000"),
+    (["--max-rank", "1000000000"], "'--max-rank': must be a positive integer up to 100,000, got 1000000000"),
+    (["--gom-b", str(2**64)], "'--gom-b': must be a positive integer up to 9,223,372,036,854,775,807"),
+    (["--junk-pids", str(2**64)], "junk_pids must be an integer from -9,223,372,036,854,775,807 to"),
     (["--junk-pids", str(-2**63)], "is reserved"),
     (["--gom-norm", "fixed:-1e308:1e308"], "finite span"),
     (["--gom-norm", "fixed:0:inf"], "finite LO < HI"),
     (["--memory-budget", "10"], "too small to plan"),
     (["--n-workers", "2"], "use with --cluster local"),
     (["--threads-per-worker", "2", "--memory-limit", "1GiB"], "use with --cluster local"),
+    # values that ran silently for minutes (issue 24): refused by their declared range (choices.RANGES)
+    (["--query-block", str(2**63)], "'--query-block': must be a positive integer up to 9,223,372,036,854,775,807 "
+                                    "(rows are 64-bit indices), got 9223372036854775808"),
+    (["--gallery-chunk", str(2**64)], "'--gallery-chunk': must be a positive integer up to 9,223,372,036,854,775,807"),
+    (["--verification", "--tail-budget", "1B"], "'--tail-budget': must be an integer from 32 to "),
+    (["--connect-timeout", "nan"], "'--connect-timeout': must be a number from 0.1 to 86400 seconds (a day), got nan"),
+    (["--connect-timeout", "inf"], "'--connect-timeout': must be a number from 0.1 to 86400 seconds (a day), got inf"),
+    (["--memory-budget", "10000000TiB"], "'--memory-budget': must be a positive integer up to 9,223,372,036,854,775,807 "
+                                         "bytes"),
+    (["--seed", str(2**63), "--trials", "2"], "'--seed': must be an integer from -9,223,372,036,854,775,808 to"),
+    (["--cluster", "local", "--n-workers", "100000"], "--n-workers 100,000 needs about "),
+    (["--cluster", "local", "--memory-limit", "-1"], "cannot read a memory size from '-1'"),
 ])
 def test_bad_option_values_are_refused_at_once(store, args, says):
     started = time.perf_counter()
-    line = one_error_line(cli("eval", store, "-q", *args, code=2))
-    assert says in line, line
+    result = cli("eval", store, *args, code=2)
+    assert says in one_error_line(result), result.stderr
+    assert "%" not in result.stderr  # refused before any progress was drawn
     assert time.perf_counter() - started < 10
+
+
+@pytest.mark.parametrize("args, says", [
+    (["synth", "{tmp}/v.zarr", "--variants", "cil-upstream", "--variant-trials", "1000000000"],
+     "'--variant-trials': must be a positive integer up to 1,000"),
+    (["synth", "{tmp}/v.zarr", "--noise", "nan"], "'--noise': must be a finite number >= 0, got nan"),
+    (["synth", "{tmp}/v.zarr", "--junk", "nan"], "'--junk': must be a number from 0 to 1, got nan"),
+    (["synth", "{tmp}/v.zarr", "--chunk-rows", str(2**63)], "'--chunk-rows': must be a positive integer up to"),
+    (["suite", "{store}", "cil-upstream", "--trials", "1000000000"], "'--trials': must be a positive integer up to 1,000"),
+    (["suite", "{store}", "cil-factorial", "--headline-setting", "nope"],
+     "headline_setting (--headline-setting) must be a setting suite 'cil-factorial' evaluates: clean, query, gallery, "
+     "both; got 'nope'"),
+])
+def test_other_commands_refuse_absurd_values_at_once(store, tmp_path, args, says):
+    started = time.perf_counter()
+    result = cli(*[a.format(store=store, tmp=tmp_path) for a in args], code=2)
+    assert says in one_error_line(result), result.stderr
+    assert not (tmp_path / "v.zarr").exists() and time.perf_counter() - started < 10
+
+
+def test_a_memory_limit_no_worker_can_start_in_is_a_cluster_error(store):
+    """Dask would restart the worker until a connection closed ("Stream is closed", exit 3, its logs
+    on stderr); refused before the cluster starts, as the cluster problem it is."""
+    pytest.importorskip("distributed")
+    started = time.perf_counter()
+    result = cli("eval", store, "-q", "--cluster", "local", "--memory-limit", "1MiB", code=4)
+    line = one_error_line(result)
+    assert result.stderr == line + "\n", result.stderr
+    assert line.startswith("error: --memory-limit 1.0 MiB is less than a Dask worker needs to run: at least "), line
+    assert time.perf_counter() - started < 10
+
+
+def test_every_numeric_option_of_every_command_has_a_declared_range():
+    """One mechanism: no command reads a number with click's own int / float types (whose ranges let
+    nan, inf and 2^63 through); each uses choices.RANGES, sizes through the byte parser."""
+    import click
+
+    from streameval.cli import Bounded, _bytes, main
+
+    unranged = [f"{name} {param.opts[0]}" for name, command in main.commands.items() for param in command.params
+                if isinstance(param.type, (click.types.IntParamType, click.types.FloatParamType))
+                and not isinstance(param.type, Bounded)]
+    assert unranged == []
+    sizes = sorted({param.opts[0] for command in main.commands.values() for param in command.params
+                    if param.callback is _bytes})
+    assert sizes == ["--memory-budget", "--memory-limit", "--tail-budget"]
 
 
 def test_the_memory_budget_error_names_a_minimum_that_works(store):
@@ -329,3 +388,29 @@ def test_every_size_option_reads_the_same_units(store, monkeypatch):
         assert "no cluster in this test" in line and seen["memory_limit"] == size
     line = one_error_line(cli("eval", store, "-q", "--cluster", "local", "--memory-limit", "4g", code=2))
     assert "cannot read a memory size from '4g'" in line
+
+
+# ------------------------------------------------------------------------------ blocks and this machine
+
+
+def test_a_query_block_past_the_queries_plans_the_gallery_chunk_of_all_queries():
+    """--query-block 2^62 on 500 queries is a block of 500: the gallery chunk is sized for those
+    (it was sized for 2^62 queries: 256-row chunks, a pass many times slower)."""
+    from streameval.plan import make_plan
+
+    shape = dict(n_query=500, n_gallery=20_000, dim=64, itemsize=4, stored_itemsize=4, store_chunk_rows=2048,
+                 workers=2)
+    huge, exact = make_plan(**shape, query_block=2**62), make_plan(**shape, query_block=500)
+    assert huge == exact and huge.gallery_chunk > 256
+
+
+def test_a_task_larger_than_this_machine_is_refused_before_work():
+    from streameval.errors import OptionError
+    from streameval.plan import format_bytes, make_plan, physical_memory
+
+    memory = physical_memory()
+    rows = int((memory // 4) ** 0.5) + 1  # rows x rows float32 dot products: more than the memory
+    with pytest.raises(OptionError) as refused:
+        make_plan(rows, rows, 8, 4, 4, 1024, 1, query_block=rows, gallery_chunk=rows)
+    assert str(refused.value).startswith(f"a task of {rows:,} queries x {rows:,} gallery rows needs about ")
+    assert f"more than this machine's memory ({format_bytes(memory)})" in str(refused.value)

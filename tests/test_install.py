@@ -60,3 +60,19 @@ def test_hints_name_a_command_that_works_from_a_clone():
     sources = "\n".join(path.read_text() for path in (ROOT / "streameval").rglob("*.py"))
     assert "pip install 'streameval[" not in sources
     assert ".venv/bin/pip install -e '.[distributed]'" in sources and ".venv/bin/pip install -e '.[plot]'" in sources
+
+
+def test_the_torch_cpu_wheel_is_found_in_pips_find_links(tmp_path):
+    """scripts/test installs torch's CPU build from a find-links folder (the CUDA build from the index
+    is gigabytes): the newest CPU wheel for this Python is picked, and nothing without one."""
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    for name in (f"torch-2.9.0+cpu-{tag}-{tag}-manylinux_2_28_x86_64.whl",
+                 f"torch-2.10.1+cpu-{tag}-{tag}-manylinux_2_28_x86_64.whl",
+                 "torch-9.0.0+cpu-cp27-cp27-manylinux_2_28_x86_64.whl",  # another Python
+                 f"torch-9.0.0-{tag}-{tag}-manylinux_2_28_x86_64.whl"):  # a CUDA build
+        (tmp_path / name).touch()
+    isolated = {"PIP_CONFIG_FILE": "/dev/null", "PIP_FIND_LINKS": f"file://{tmp_path}"}
+    found = bash(f"_cpu_torch_version '{sys.executable}'", **isolated)
+    assert found.returncode == 0 and found.stdout == "2.10.1+cpu\n", found.stderr
+    none = bash(f"_cpu_torch_version '{sys.executable}'", **{**isolated, "PIP_FIND_LINKS": str(tmp_path / "empty")})
+    assert none.returncode == 0 and none.stdout == "", none.stderr

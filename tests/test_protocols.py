@@ -20,6 +20,8 @@ from streameval.errors import OptionError
 from streameval.protocols import (PRESETS, CameraRelation, Protocol, SgsSpec, TrialSpec, presets_table,
                                   resolve)
 
+from cli_checks import cli, one_error_line
+
 DOCS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "protocols.md"
 
 MARKET = {
@@ -240,6 +242,38 @@ def test_an_official_table_named_in_a_file_is_found_beside_it(tmp_path, monkeypa
     refused("trials.path: the official trial table .*perm.csv' is not a file", resolve, path)
 
 
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory) -> str:
+    from streameval.synth import synthesize
+
+    path = tmp_path_factory.mktemp("protocol-store") / "s.zarr"
+    synthesize(path, n_query=10, n_gallery=40, dim=4, n_ids=5, n_cams=2, seed=1)
+    return str(path)
+
+
+@pytest.mark.parametrize("table", ["../../../../../../../../etc/passwd", "/etc/passwd", "tables/../../outside.csv"])
+def test_a_protocol_file_names_no_table_outside_its_folder(tmp_path, small_store, table):
+    """A shared protocol file cannot make streameval read (and print) another file: its table is in
+    the file's folder or below it."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    (tmp_path / "outside.csv").write_text("trial,camera,pid,images\n")
+    path = write(folder, "lab.toml", f'[trials]\ncount = 2\nsource = "official:{table}"\n')
+    refused(re.escape(f"protocol file '{path}': trials.path '{table}' is outside the protocol file's folder"),
+            resolve, path)
+    result = cli("eval", small_store, "-q", "--no-gom", "--protocol", path, code=2)
+    assert "is outside the protocol file's folder" in one_error_line(result) and "root:" not in result.output
+
+
+def test_a_file_that_is_not_a_trial_table_is_refused_without_its_text(tmp_path, small_store):
+    write(tmp_path, "notes.csv", "SECRET-TOKEN-123,hunter2\n0,1,1,1\n")
+    path = write(tmp_path, "lab.toml", '[trials]\ncount = 2\nsource = "official:notes.csv"\n')
+    result = cli("eval", small_store, "-q", "--no-gom", "--protocol", path, code=2)
+    line = one_error_line(result)
+    assert f"{tmp_path / 'notes.csv'} line 1: the header must be trial,camera,pid,images" in line, line
+    assert "SECRET" not in result.output and "hunter2" not in result.output
+
+
 @pytest.mark.parametrize(("name", "text", "key"), [
     ("a.toml", 'colour = "red"\n', "colour"),
     ("a.toml", "[trials]\ncount = 10\nshuffle = true\n", "trials.shuffle"),
@@ -329,12 +363,12 @@ def test_sgs_overrides():
     ("market", {"cmc": "sgs"}, "cmc 'sgs'"),
     ("cuhk03-sgs", {"cmc": "first-hit"}, "cmc 'first-hit'"),
     ("cuhk03-sgs", {"trials": 10}, "trials: not combined"),
-    ("market", {"trials": 65}, "trials must be 0"),
-    ("market", {"trials": -1}, "trials must be 0"),
+    ("market", {"trials": 65}, "trials must be a non-negative integer up to 64"),
+    ("market", {"trials": -1}, "trials must be a non-negative integer up to 64"),
     ("market", {"trials": "ten"}, "trials must be an integer"),
     ("sysu-all", {"trial_source": "matlab"}, "trial_source must be"),
     ("sysu-all", {"trial_source": "mangye16-random", "shots": 10}, "trials.shots must be 1"),
-    ("sysu-all", {"shots": 0}, "trials.shots must be at least 1"),
+    ("sysu-all", {"shots": 0}, "trials.shots must be a positive integer up to"),
     ("cuhk03-sgs", {"sgs_mode": "mean"}, "sgs.mode must be"),
     ("cuhk03-sgs", {"camera_rule": "open-reid"}, "camera_rule must be"),
     ("regdb", {"direction": "x2y"}, "direction must be"),

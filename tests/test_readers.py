@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import pickle
 import sys
 import tempfile
 import zipfile
@@ -282,7 +283,7 @@ def test_camera_ids_of_one_set_only_are_refused_as_missing(tmp_path, arrays):
 
 
 def test_torch_dict_of_tensors_arrays_and_lists(tmp_path, arrays, expected):
-    torch = pytest.importorskip("torch")
+    torch = torch_or_skip()
     content = {"qf": torch.from_numpy(arrays["query_features"]), "gf": torch.from_numpy(arrays["gallery_features"]),
                "q_pids": arrays["query_pids"].tolist(), "g_pids": torch.from_numpy(arrays["gallery_pids"]),
                "q_camids": arrays["query_camids"], "g_camids": torch.from_numpy(arrays["gallery_camids"]),
@@ -388,6 +389,21 @@ def test_bad_keys_are_option_errors(tmp_path, arrays):
     assert not (tmp_path / "out.zarr").exists()
 
 
+def torch_or_skip():
+    return pytest.importorskip("torch", reason="torch is not installed: scripts/test installs its CPU build where "
+                                              "pip's find-links folder offers one (pyproject's torch extra)")
+
+
+class Opens:
+    """Unpickled, it would create ``path``: a stand-in for a file that runs code when loaded."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
 def test_torch_files_without_torch_say_how_to_get_it(tmp_path, monkeypatch):
     (tmp_path / "features.pt").write_bytes(b"anything")
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch fails, as where it is not installed
@@ -396,10 +412,36 @@ def test_torch_files_without_torch_say_how_to_get_it(tmp_path, monkeypatch):
 
 
 def test_torch_files_run_no_code(tmp_path, arrays):
-    torch = pytest.importorskip("torch")
+    torch = torch_or_skip()
     torch.save({"qf": torch.zeros(2, 3), "config": pytest.MonkeyPatch()}, tmp_path / "pickled.pt")
     line = one_error_line(cli("convert", tmp_path / "pickled.pt", tmp_path / "out.zarr", code=3))
     assert "holds a _pytest.monkeypatch.MonkeyPatch object" in line and "weights_only=True" in line
+
+
+@pytest.mark.parametrize("how", ["torch.save", "pickle protocol 4"])
+def test_a_malicious_torch_file_is_refused_in_one_line_without_torch_advice(tmp_path, how):
+    """No code runs, and the one line never repeats torch's advice to load with weights_only=False
+    (which would run the file's code); pickle's own opcodes come with a warning torch prints: not shown."""
+    torch = torch_or_skip()
+    marker, path = tmp_path / "ran", tmp_path / "evil.pt"
+    if how == "torch.save":
+        torch.save({"qf": torch.zeros(2, 3), "payload": Opens(marker)}, path)
+    else:
+        path.write_bytes(pickle.dumps({"qf": np.zeros((2, 3)), "payload": Opens(marker)}, protocol=4))
+    result = cli("convert", path, tmp_path / "out.zarr", code=3)
+    line = one_error_line(result)
+    assert result.stderr == line + "\n", result.stderr
+    assert ("holds a io.open object" if how == "torch.save" else "Unsupported operand") in line, line
+    assert "weights_only=True" in line and "False" not in line and "trusted" not in line, line
+    assert not marker.exists() and not (tmp_path / "out.zarr").exists()
+
+
+def test_a_sparse_tensor_is_one_error_line(tmp_path):
+    torch = torch_or_skip()
+    path = tmp_path / "sparse.pt"
+    torch.save({"qf": torch.eye(3).to_sparse(), "gf": torch.zeros(2, 3)}, path)
+    line = one_error_line(cli("convert", path, tmp_path / "out.zarr", code=3))
+    assert f"'{path}': qf is a sparse_coo tensor; save it dense (tensor.to_dense())" in line, line
 
 
 # ------------------------------------------------------------------------------------------ matrices

@@ -178,7 +178,7 @@ def test_synth_progress(tmp_path, capsys):
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(junk_frac=0.7, distractor_frac=0.5), "junk_frac \\+ distractor_frac"),
-    (dict(open_query_frac=1.5), "open_query_frac must be in"),
+    (dict(open_query_frac=1.5), "open_query_frac must be a number from 0 to 1, got 1.5"),
     (dict(n_ids=0), "n_ids must be a positive integer"),
     (dict(n_gallery=0), "n_gallery must be a positive integer"),
     (dict(dtype="float64"), "dtype must be float16 or float32"),

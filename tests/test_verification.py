@@ -28,7 +28,7 @@ from reference import distance_matrix
 MASK = (1 << 64) - 1
 TARGETS = "0,0.001,0.01,0.1,0.29,0.5,1"
 CHUNKINGS = [dict(), dict(query_block=5, gallery_chunk=7), dict(query_block=64, gallery_chunk=13, workers=1)]
-TWO_PASS = dict(tail_budget=1)  # no tail fits: histogram, then refinement passes
+TWO_PASS = dict(tail_budget=32)  # one entry, the smallest budget: no tail fits: histogram, then refinement passes
 NARROW = dict(tail_budget=64, hist_bits=4)  # two entries per bin: refined down to single keys
 # Bands (a pilot places them; no tail, as when it would not fit): collected in the scoring pass;
 # counted there and collected by one refinement pass; counted in minmax GOM's first pass and

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from collections.abc import Mapping
 from numbers import Number
 
@@ -24,13 +25,14 @@ def open_source(src: str) -> Source:
         raise StoreError(f"'{src}' is a PyTorch file; reading it needs torch, which is not installed: "
                          "pip install torch (or save the arrays with numpy.savez and convert the .npz)") from None
     try:
-        with torch.serialization.safe_globals(_numpy_globals()):
+        with torch.serialization.safe_globals(_numpy_globals()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. the pickle protocol of a file torch.save did not write
             content = torch.load(src, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a file it cannot unpickle
         raise StoreError(_load_error(src, exc)) from None
     arrays = {}
     _flatten(torch, content, "" if isinstance(content, Mapping) else os.path.splitext(os.path.basename(src))[0],
-             arrays)
+             arrays, src)
     return Source(src, f"{os.path.basename(src)} (PyTorch, read whole)",
                   {name: MemoryArray(name, values) for name, values in arrays.items()})
 
@@ -42,25 +44,47 @@ def _numpy_globals() -> list:
 
 
 def _load_error(src: str, exc: Exception) -> str:
-    unsupported = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+    """One line, without torch's advice to retry with weights_only=False: that would run the file's code."""
+    unsupported = re.search(r"unsupported GLOBAL:? (?:GLOBAL )?([\w.]+)", str(exc), re.IGNORECASE)
     if unsupported:
         return (f"'{src}' holds a {unsupported.group(1)} object; streameval reads torch files with "
                 "weights_only=True (no code from the file runs), so save a tensor or a dict of tensors")
+    if "weights_only" in str(exc) or "Weights only" in str(exc):
+        return (f"cannot read '{src}' with torch.load(weights_only=True), which runs no code from the file: "
+                f"{_reason(str(exc))}; save a tensor or a dict of tensors")
     return f"cannot read '{src}' with torch.load: {one_line(exc)}"
 
 
-def _flatten(torch, value, name: str, out: dict) -> None:
+def _reason(message: str) -> str:
+    """The lines of torch's weights-only message that say what it met, not what to do about it."""
+    advice = ("weights_only", "Weights only", "torch.load", "file an issue")
+    lines = [line.strip().removeprefix("WeightsUnpickler error:").strip() for line in message.splitlines()]
+    return " ".join(line for line in lines if line and not any(word in line for word in advice)) or "refused"
+
+
+def _flatten(torch, value, name: str, out: dict, src: str) -> None:
     """Arrays of ``value`` into ``out`` by path (dict keys, list positions); other values are left out."""
     if isinstance(value, Mapping):
         for key, item in value.items():
-            _flatten(torch, item, f"{name}/{key}" if name else str(key), out)
+            _flatten(torch, item, f"{name}/{key}" if name else str(key), out, src)
     elif isinstance(value, torch.Tensor):
-        tensor = value.detach()
-        out[name] = (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()
+        out[name] = _array(torch, value, f"'{src}': {name or 'the tensor'}")
     elif isinstance(value, np.ndarray):
         out[name] = value
     elif isinstance(value, (list, tuple)) and value and all(isinstance(v, Number) for v in value):
         out[name] = np.asarray(value)
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            _flatten(torch, item, f"{name}/{i}" if name else str(i), out)
+            _flatten(torch, item, f"{name}/{i}" if name else str(i), out, src)
+
+
+def _array(torch, tensor, what: str) -> np.ndarray:
+    """A dense tensor's values; a sparse, quantized or other tensor numpy cannot hold is refused."""
+    if tensor.layout != torch.strided:
+        raise StoreError(f"{what} is a {str(tensor.layout).removeprefix('torch.')} tensor; save it dense "
+                         "(tensor.to_dense()) to convert it")
+    tensor = tensor.detach()
+    try:
+        return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()
+    except (TypeError, RuntimeError) as exc:  # quantized, meta or complex tensors numpy cannot take as they are
+        raise StoreError(f"{what} is a {tensor.dtype} tensor numpy cannot hold ({one_line(exc)}); save it as float32")

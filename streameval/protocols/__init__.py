@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
+from ..choices import check_range
 from ..errors import OptionError
 from .presets import ALIASES, PRESETS, preset, presets_table
-from .record import (CAMERA_RULE_RELATIONS, CAMERA_RULES, CMC_FLAVOURS, DIRECTIONS, DRAW_VERSION, MAX_TRIALS,
+from .record import (CAMERA_RULE_RELATIONS, CAMERA_RULES, CMC_FLAVOURS, DIRECTIONS, DRAW_VERSION,
                      CameraRelation, Protocol, SgsSpec, TrialSpec, _choice, _integer, split_trial_source)
 from .userfile import is_protocol_file, load
 
@@ -72,9 +73,7 @@ def _named(spec) -> Protocol:
 def _trials(protocol: Protocol, trials, trial_source, shots, seed) -> TrialSpec | None:
     spec = protocol.trials
     if trials is not None:
-        count = _integer(trials, "trials")
-        if not 0 <= count <= MAX_TRIALS:
-            raise OptionError(f"trials must be 0 (no trials) or from 1 to {MAX_TRIALS}, got {count}")
+        count = check_range(_integer(trials, "trials"), "trials")
         spec = None if count == 0 else TrialSpec(count=count) if spec is None else replace(spec, count=count)
     if spec is None:
         _refuse_unused(f"there are no trials (protocol '{protocol.name}' has none or trials = 0); "

@@ -17,7 +17,7 @@ import operator
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
 
-from ..choices import INT64_MAX, INT64_MIN
+from ..choices import INT64_MAX, INT64_MIN, MAX_SGS_REPEATS, MAX_TRIALS, Bounds
 from ..errors import OptionError
 
 CMC_FLAVOURS = ("first-hit", "identity-dedup", "sgs")
@@ -29,8 +29,6 @@ TRIAL_QUERIES = ("all", "not-in-gallery")
 SGS_MODES = ("sampled", "expected", "both")
 CAMERA_RULES = ("same-id-same-cam", "separate-cameras")
 DIRECTIONS = ("v2t", "t2v")
-MAX_TRIALS = 64  # trial masks are bits of one uint64 per row
-MAX_SGS_REPEATS = 100_000  # the sampled state is queries x repeats int32
 DRAW_VERSION = 1  # of the seeded draws (PROTOCOLS.md 1.6): bump when the hash or a draw rule changes
 OFFICIAL_PREFIX = "official:"  # trial source "official:PATH" (CLI and user files)
 
@@ -308,11 +306,7 @@ def _code(value, field: str) -> int:
 
 
 def _bounded(value, field: str, low: int, high: int, why: str = "") -> int:
-    number = _integer(value, field)
-    if not low <= number <= high:
-        bounds = f"at most {high}" if number > high else f"at least {low}"
-        raise OptionError(f"{field} must be {bounds}{why}, got {number}")
-    return number
+    return Bounds(low, high, why).check(_integer(value, field), field)
 
 
 def _integer(value, field: str) -> int:

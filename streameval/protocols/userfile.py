@@ -30,7 +30,7 @@ def load(path) -> Protocol:
         protocol = Protocol.from_record({"name": path.stem, **fields})
     except OptionError as exc:
         raise OptionError(f"protocol file '{path}': {exc}") from None
-    return _table_beside(protocol, path.parent)
+    return _table_beside(protocol, path)
 
 
 def read_table_file(path, what: str = "protocol file"):
@@ -64,9 +64,16 @@ def _parse(path: Path, data: bytes, what: str):
         raise OptionError(f"{what} '{path}': {exc}") from None
 
 
-def _table_beside(protocol: Protocol, folder: Path) -> Protocol:
-    """A relative official trial table is the file's neighbour, wherever streameval runs."""
+def _table_beside(protocol: Protocol, path: Path) -> Protocol:
+    """The official trial table a protocol file names is in the file's folder or below it, wherever
+    streameval runs: a shared protocol file cannot make streameval read other files (an absolute
+    path or one that climbs out with '..' is refused)."""
     trials = protocol.trials
-    if trials is None or trials.path is None or os.path.isabs(trials.path):
+    if trials is None or trials.path is None:
         return protocol
-    return replace(protocol, trials=replace(trials, path=os.path.abspath(folder / trials.path)))
+    folder = os.path.abspath(path.parent)
+    table = os.path.normpath(os.path.join(folder, trials.path))
+    if os.path.isabs(trials.path) or os.path.commonpath([folder, table]) != folder:
+        raise OptionError(f"protocol file '{path}': trials.path '{trials.path}' is outside the protocol file's folder; "
+                          "name the official trial table relative to the file, in its folder or below it")
+    return replace(protocol, trials=replace(trials, path=table))

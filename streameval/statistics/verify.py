@@ -49,6 +49,7 @@ import numba as nb
 import numpy as np
 
 from .. import kernels
+from ..choices import TAIL_ENTRY_BYTES
 from . import Field, Statistic
 from .block import compact, kept_negative, mask, trial_bit, widest
 
@@ -57,7 +58,8 @@ _inline = nb.njit(nogil=True, cache=True, inline="always")
 
 SIGN = np.uint64(1 << 63)
 ENTRY = 4  # d, w, extended gallery row, query row
-ENTRY_BYTES = 8 * ENTRY
+ENTRY_BYTES = TAIL_ENTRY_BYTES  # 8 bytes a column; the smallest --tail-budget (choices.RANGES)
+assert ENTRY_BYTES == 8 * ENTRY
 COUNT, BOUND, OVERFLOW, KNOWN = 0, 1, 2, 3  # header columns
 SUB_BITS = 16  # key bits a refinement pass adds
 def capacity(core: int) -> int:

@@ -28,6 +28,7 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec
 
+from ..choices import check_range
 from ..errors import StoreError, one_line
 from .layout import (COMMITTED_ATTR, DISTANCE_DTYPES, DISTANCE_KINDS, RECREATE, FeatureSet, Store, check_safeguards,
                      open_array, open_store)
@@ -98,8 +99,8 @@ def _stored_dtype(matrix, name: str, shape: tuple) -> np.dtype:
 
 def _chunks(shape: tuple, dtype: np.dtype, chunk_rows: int | None) -> tuple:
     """(query rows, set rows) per chunk: ``chunk_rows`` set rows, and query rows for ~CHUNK_BYTES."""
-    if chunk_rows is not None and chunk_rows < 1:
-        raise StoreError(f"chunk_rows must be a positive integer, got {chunk_rows!r}")
+    if chunk_rows is not None:
+        check_range(chunk_rows, "chunk_rows")
     cols = max(1, min(shape[1], chunk_rows or 8192))
     return max(1, min(shape[0], CHUNK_BYTES // (cols * dtype.itemsize))), cols
 

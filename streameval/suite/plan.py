@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..choices import is_integer
+from ..choices import MAX_VARIANT_TRIALS, Bounds, check_range
 from ..errors import OptionError
 
 SETTINGS = ("clean", "query", "gallery", "both")  # the report's order; a suite file may name others
@@ -121,21 +121,33 @@ def load_suite(spec: str, trials: int | None = None, headline_setting: str | Non
     plan = fields.get("plan")
     if plan is not None and plan not in PRESETS:
         raise OptionError(f"suite '{spec}': plan must be one of {', '.join(PRESETS)}, got {plan!r}")
-    trials = _count(trials if trials is not None else fields.get("trials", DEFAULT_TRIALS), "trials")
+    trials = check_range(trials if trials is not None else fields.get("trials", DEFAULT_TRIALS), "variant_trials",
+                         "trials")
     evaluations = preset_evaluations(plan, trials) if plan else []
     evaluations += [_evaluation(entry, i, spec) for i, entry in enumerate(fields.get("evaluation", []))]
     if not evaluations:
         raise OptionError(f"suite '{spec}' names no evaluation: give a plan ({', '.join(PRESETS)}) or [[evaluation]] "
                           "entries")
+    headline = headline_setting or fields.get("headline_setting")
+    _check_headline(headline, evaluations, spec)
     suite = Suite(
         name, {"cil-factorial": FACTORIAL_NOTE, "cil-upstream": UPSTREAM_NOTE}.get(plan),
-        trials, headline_setting or fields.get("headline_setting", DEFAULT_HEADLINE),
+        trials, headline or DEFAULT_HEADLINE,
         std_ddof if std_ddof is not None else fields.get("std_ddof", 1),
         {**UPSTREAM_OPTIONS, **_options(fields, spec), **given}, _distinct(evaluations, spec),
     )
     if suite.std_ddof not in (0, 1):
         raise OptionError(f"std_ddof must be 1 (sample standard deviation) or 0, got {suite.std_ddof!r}")
     return suite
+
+
+def _check_headline(headline, evaluations: list, spec: str) -> None:
+    """A headline setting that is asked for must be one the suite evaluates (the default, 'both',
+    may be absent from a suite file's evaluations: the summary then says so)."""
+    settings = list(dict.fromkeys(ev.setting for ev in evaluations))
+    if headline is not None and headline not in settings:
+        raise OptionError(f"headline_setting (--headline-setting) must be a setting suite '{spec}' evaluates: "
+                          f"{', '.join(settings)}; got {headline!r}")
 
 
 def _check_fields(fields, spec: str) -> dict:
@@ -158,12 +170,6 @@ def _options(fields: dict, spec: str) -> dict:
     return options
 
 
-def _count(value, name: str) -> int:
-    if not is_integer(value) or value < 1:
-        raise OptionError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 def _evaluation(entry, i: int, spec: str) -> Evaluation:
     where = f"suite file '{spec}', evaluation {i + 1}"
     if not isinstance(entry, dict):
@@ -174,8 +180,8 @@ def _evaluation(entry, i: int, spec: str) -> Evaluation:
     query, gallery = entry.get("query", CLEAN), entry.get("gallery", CLEAN)
     setting = entry.get("setting") or _setting_of(query, gallery)
     trial = entry.get("trial")
-    if trial is not None and (not is_integer(trial) or trial < 0):
-        raise OptionError(f"{where}: trial must be a non-negative integer, got {trial!r}")
+    if trial is not None:
+        Bounds(0, MAX_VARIANT_TRIALS - 1).check(trial, f"{where}: trial")
     for key, value in (("query", query), ("gallery", gallery), ("setting", setting)):
         if not isinstance(value, str) or not value:
             raise OptionError(f"{where}: {key} must be a name, got {value!r}")
