@@ -226,7 +226,6 @@ def _slot(blk, i, j, d, w, lo, hi):
 
 BUCKETS_PER_POSITIVE = 8
 MAX_BUCKETS = 4096
-SEARCH = -2  # a slot not decided by the table yet
 
 
 @_inline
@@ -269,24 +268,18 @@ def slotted_negatives(blk, limits, qi, gj, slot):
 
     A slot is decided on the fast distance when its error window cannot change it: from a table of
     the query's positives by distance bucket (``_slot_table``), or where a positive shares the
-    window's buckets by a search among them (``_slot``); the canonical distances the others need
-    are computed last, gallery row by gallery row, so each row's features come from memory once for
-    all its queries, not once per query between scans of the block (corrupted features, whose last
+    window's buckets by a search among them (``_slot``).  Those still open are decided last, gallery
+    row by gallery row, on a float64 dot product (``_refine_slots``) and, for the ties within its
+    window, the canonical distance, so each row's features come from memory once for all its
+    queries, not once per query between scans of the block (corrupted features, whose last
     positives rank ~2,000 rows deep, need ~20,000 a block: ~4 us each when read in scan order)."""
-    n_cols = blk.dots.shape[1]
-    hit = mask(n_cols)
+    hit = mask(blk.dots.shape[1])
     cols = np.empty(hit.shape[0], dtype=np.int64)
-    row_slots = np.empty(n_cols, dtype=np.int64)
     table = np.empty(MAX_BUCKETS + 2, dtype=np.int64)
     screen = screen_columns(blk)
     n = 0
     for i in range(blk.dots.shape[0]):
-        found = _row_slots(blk, i, within(blk, i, limits[i], screen, hit, cols), cols, row_slots, table)
-        for k in range(found):
-            qi[n + k] = i
-            gj[n + k] = cols[k]
-            slot[n + k] = row_slots[k]
-        n += found
+        n = _row_slots(blk, i, within(blk, i, limits[i], screen, hit, cols), cols, table, n, qi, gj, slot)
     pending = np.flatnonzero(slot[:n] < 0)
     pending = pending[np.argsort(gj[pending], kind="mergesort")]
     if blk.metric != kernels.PRECOMPUTED:  # a stored distance is exact: nothing is left pending
@@ -322,25 +315,23 @@ def negatives_buffers(blk) -> tuple:
 
 
 @_inline
-def _row_slots(blk, i, n, cols, slots, table):
-    """slots[k] = the slot of query i's kept negative cols[k], for k < n (-1: the canonical
-    distance decides); returns n."""
-    if n > 0:
+def _row_slots(blk, i, found, cols, table, n, qi, gj, slot):
+    """Query i's kept negatives cols[:found] with their slots (-1: a finer distance decides) into
+    (qi, gj, slot) from entry n on; returns the entries' new count."""
+    if found > 0:
         lo = blk.pos_off[i]
         hi = blk.pos_off[i + 1]
         x0, scale, buckets = _slot_table(blk.pos_d, lo, hi, table)
-        for k in range(n):
+        for k in range(found):
             j = cols[k]
             d = fast_distance(blk, i, j)
             w = kernels.distance_window(d, blk.qn[i], blk.gn[j], blk.metric, blk.c_dot)
             first = table[_bucket(d - w, x0, scale, buckets)]
-            slots[k] = first if (first == table[_bucket(d + w, x0, scale, buckets)]) & (first >= 0) else SEARCH
-        for k in range(n):  # a positive within the window's buckets: searched for
-            if slots[k] == SEARCH:
-                j = cols[k]
-                d = fast_distance(blk, i, j)
-                slots[k] = _slot(blk, i, j, d, kernels.distance_window(d, blk.qn[i], blk.gn[j], blk.metric, blk.c_dot), lo, hi)
-    return n
+            decided = (first == table[_bucket(d + w, x0, scale, buckets)]) & (first >= 0)
+            qi[n + k] = i
+            gj[n + k] = j
+            slot[n + k] = first if decided else _slot(blk, i, j, d, w, lo, hi)  # else: a positive in the window's buckets
+    return n + found
 
 
 @_inline
