@@ -58,7 +58,9 @@ def paused_script(module: str, name: str, call: str) -> str:
     is to land), then running ``call`` (Python source; ``sys.argv`` holds the arguments); a
     KeyboardInterrupt ends it with exit 130, as the console script would."""
     return "\n".join([
-        "import importlib, sys, time",
+        "import importlib, signal, sys, time",
+        # Python's own Ctrl-C handler even where SIGINT came in ignored (a job started in the background)
+        "signal.signal(signal.SIGINT, signal.default_int_handler)",
         "import numpy as np",
         "import streameval",
         "def pause(*args, **kwargs):",
