@@ -439,7 +439,7 @@ def evaluate(
     verification = verification_request(options)
     variants = options.pop("query_variant", None), options.pop("gallery_variant", None)
     execution = Execution.from_options("evaluate", options)
-    store = _as_store(data, storage_options)
+    store = as_store(data, storage_options)
     settings = Settings.parse(store, metric, protocol, max_rank, precision, no_gom, gom_norm, gom_bins, gom_b,
                               gom_vp, std_ddof, ranked, open_set=open_set, verification=verification, **overrides)
     store = with_variants(store, settings.protocol, *variants)
@@ -667,7 +667,9 @@ def _camera_set_warning(name: str, what: str, counts: tuple, allowed: tuple, hel
 MATRIX_KINDS = {"distances": "distance", "similarity": "similarity"}  # in-memory matrix key -> distance store kind
 
 
-def _as_store(data, storage_options=None) -> Store:
+def as_store(data, storage_options=None) -> Store:
+    """The Store of what ``evaluate``, ``update`` and the suite take: a Store, a path or URL, or
+    in-memory arrays (features and ids, or a query x gallery matrix) written to a store in memory."""
     if isinstance(data, Store):
         return data
     if isinstance(data, Mapping):

@@ -35,7 +35,7 @@ import numpy as np
 from dask import delayed
 
 from . import graph
-from .evaluate import PROTOCOL_OPTIONS, Execution, Runner, Settings, _as_store, gallery_metadata, make_result, session
+from .evaluate import PROTOCOL_OPTIONS, Execution, Runner, Settings, as_store, gallery_metadata, make_result, session
 from .openset import OPEN_SET_OPTIONS
 from .openset import request as open_set_request
 from .locking import writing
@@ -91,7 +91,7 @@ def update(
     open_set_options = {key: options.pop(key) for key in OPEN_SET_OPTIONS if key in options}
     verification_options = {key: options.pop(key) for key in VERIFY_OPTIONS if key in options}
     execution = Execution.from_options("update", options)
-    store = _as_store(data, storage_options)
+    store = as_store(data, storage_options)
     phases.lap("setup")
     with writing(state):  # from loading to saving: two updates of one state would each save over the other
         saved = load_state(state)

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import graph
 from ..errors import OptionError
-from ..evaluate import (Execution, Settings, _as_store, full_state, gallery_metadata, make_result, oriented,
+from ..evaluate import (Execution, Settings, as_store, full_state, gallery_metadata, make_result, oriented,
                         run_plan, session, store_set)
 from ..locking import writing
 from ..progress import Phases
@@ -54,7 +54,7 @@ def run_suite(data, suite: Suite | str, *, storage_options: dict | None = None, 
 
         suite = load_suite(suite)
     execution = Execution.from_options("run_suite", options)
-    store = _as_store(data, storage_options)
+    store = as_store(data, storage_options)
     settings = suite_settings(store, suite)
     base = oriented(store, settings.protocol)
     groups = open_groups(store, settings, suite)

@@ -15,7 +15,7 @@ import json
 import os
 
 from ..statestore import StateError
-from ..evaluate import Execution, _as_store, gallery_metadata, oriented, run_plan, session
+from ..evaluate import Execution, as_store, gallery_metadata, oriented, run_plan, session
 from ..locking import writing
 from ..outputs import check_directory, check_folder, write_text
 from ..progress import Phases
@@ -81,7 +81,7 @@ def update_suite(data, state, *, storage_options: dict | None = None, **options)
 
     phases = Phases()
     execution = Execution.from_options("update_suite", options)
-    store = _as_store(data, storage_options)
+    store = as_store(data, storage_options)
     with writing(state):  # from loading to saving: two updates of one state would each save over the other
         suite = load_suite_record(state)
         settings = suite_settings(store, suite)
