@@ -35,7 +35,8 @@ import numpy as np
 from dask import delayed
 
 from . import graph
-from .evaluate import PROTOCOL_OPTIONS, Execution, Runner, Settings, as_store, gallery_metadata, make_result, session
+from .evaluate import Runner, as_store, gallery_metadata, make_result, session
+from .settings import PROTOCOL_OPTIONS, Execution, Settings
 from .openset import OPEN_SET_OPTIONS
 from .openset import request as open_set_request
 from .locking import writing

@@ -60,7 +60,7 @@ import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from .errors import OptionError, StoreError, one_line
-from .evaluate import Settings
+from .settings import Settings
 from .gom import DistanceRange
 from .graph import Metadata
 from .outputs import check_directory

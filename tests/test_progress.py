@@ -14,7 +14,7 @@ import pytest
 
 import streameval
 from streameval import graph, progress, report
-from streameval.evaluate import Settings
+from streameval.settings import Settings
 from streameval.plan import Plan
 from streameval.progress import RANGE_PAIR_OVERHEAD, Bar, Reporter, key_work, pairs_work, read_work, work_key
 

@@ -17,10 +17,10 @@ import numpy as np
 
 from .. import graph
 from ..errors import OptionError
-from ..evaluate import (Execution, Settings, as_store, full_state, gallery_metadata, make_result, oriented,
-                        run_plan, session, store_set)
+from ..evaluate import as_store, full_state, gallery_metadata, make_result, oriented, run_plan, session, store_set
 from ..locking import writing
 from ..progress import Phases
+from ..settings import Execution, Settings
 from ..state import QueryState
 from ..store import Store
 from .plan import Suite

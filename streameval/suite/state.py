@@ -15,9 +15,10 @@ import json
 import os
 
 from ..statestore import StateError
-from ..evaluate import Execution, as_store, gallery_metadata, oriented, run_plan, session
+from ..evaluate import as_store, gallery_metadata, oriented, run_plan, session
 from ..locking import writing
 from ..outputs import check_directory, check_folder, write_text
+from ..settings import Execution
 from ..progress import Phases
 from .plan import Suite
 from .run import SuiteResult, open_groups, split_results, stacked_view, suite_result, suite_settings
