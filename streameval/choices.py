@@ -74,7 +74,7 @@ class Bounds:
 INT64_ROWS = Bounds(1, INT64_MAX, " (rows are 64-bit indices)")
 INT64_BYTES = Bounds(1, INT64_MAX, " bytes")
 FRACTION = Bounds(0.0, 1.0, integer=False)
-TAIL_ENTRY_BYTES = 32  # statistics.verify.ENTRY_BYTES: a --tail-budget below it holds no entry
+TAIL_ENTRY_BYTES = 32  # features.verification.kernels.ENTRY_BYTES: a --tail-budget below it holds no entry
 MAX_VARIANT_TRIALS = 1000  # corruption trials of a feature-variant suite (CIL-ReID's protocol uses 10)
 
 # Every numeric option's range, by its keyword name (the CLI's --name with dashes): the command line

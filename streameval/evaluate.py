@@ -132,7 +132,7 @@ def rehearse(store, settings) -> bool:
     """Evaluate a tiny problem shaped like ``store`` with ``settings`` (one direction, as the
     session runs it): every kernel the real run calls is compiled or loaded from numba's cache.
     False when the rehearsal cannot run for these settings (then the passes compile, and say so)."""
-    from .bands import eligible
+    from .features.verification.placement import eligible
 
     shape = tiny.shape_of(store)
     key = (settings, *shape.items())
@@ -167,7 +167,7 @@ def run_plan(store: Store, settings: Settings, execution: Execution, workers: in
     if settings.ranked is not None:
         settings.ranked.check_memory(len(store.query), workers, budget)
     if settings.verification is not None:
-        from .verification import check_memory
+        from .features.verification.spec import check_memory
 
         check_memory(settings.verification, settings.n_trials, workers, budget)
     return plan
@@ -253,7 +253,7 @@ def evaluate(
     """
     from .openset import request as open_set_request
     from .ranked import request
-    from .verification import request as verification_request
+    from .features.verification.spec import request as verification_request
 
     phases = Phases()
     overrides = {key: options.pop(key) for key in PROTOCOL_OPTIONS if key in options}
@@ -347,8 +347,8 @@ def score_all(store: Store, settings: Settings, runner: Runner, bands: bool = Tr
     """Every pass of a one-direction evaluation on ``runner``: (the settings with verification's
     bands placed if ``bands``, the query state, the bytes read, the metadata, the verification
     section or None)."""
-    from .bands import place as place_bands
-    from .verification import report as verification_report
+    from .features.verification.placement import place as place_bands
+    from .features.verification.report import report as verification_report
 
     meta = gallery_metadata(store, settings)
     if bands:
@@ -371,10 +371,9 @@ def full_state(store: Store, settings: Settings, runner: Runner, meta: graph.Met
     parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
     meta = gallery_metadata(store, settings) if meta is None else meta
     scoring = settings.scoring(store.dim, meta)
-    positives, states, dist_range, first = runner.compute(graph.build(store.query, parts, runner.plan, scoring, meta))
-    stats = StatState.concat(states)
-    query_state = QueryState(Positives.concat(positives), stats if first is None else stats.with_first(first),
-                             dist_range, graph.extended_rows(parts))
+    positives, states, dist_range = runner.compute(graph.build(store.query, parts, runner.plan, scoring, meta))
+    query_state = QueryState(Positives.concat(positives), StatState.concat(states), dist_range,
+                             graph.extended_rows(parts))
     passes = 2 if settings.minmax else 1
     read = graph.rows_bytes(store.query, len(store.query)) + sum(
         graph.positives_pass_bytes(runner.plan, parts, block, 0, query_state.gallery_rows)

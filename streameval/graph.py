@@ -5,7 +5,7 @@ protocol includes them: ``gallery_parts``), each built per query block (``Plan``
 
     load_rows(queries) ─┬─> find_positive_pairs(chunk 0..C) ─> collect_positives     positives pass
                         ├─> [minmax GOM only] range_chunk(chunk 0..C) ─> tree of min/max  range pass
-                        │     in W chains; statistics may ride it (``Scoring.first``, ``after_first``)
+                        │     in W chains
                         └─> score_chunk(chunk 0..C, positives, normalisation)            scoring pass
                               in W chains (chunk w, w+W, ...) ─> tree of StatState.merge
 
@@ -61,7 +61,6 @@ class Scoring:
     dot_bound: float
     statistics: tuple
     similarity: bool = False  # a similarity store: its values are negated into distances
-    first: tuple = ()  # statistics riding minmax normalisation's first pass (``after_first`` hands theirs on)
 
     @property
     def n_trials(self) -> int:
@@ -80,14 +79,12 @@ class Metadata:
 
 @dataclass(frozen=True)
 class PassContext:
-    """What a scoring task's statistics share: per trial GOM normalisations, the metadata, what
-    statistics comparing pairs with every positive of the run take from them (``pooled``), and what
-    statistics take from the first pass's state (``later``)."""
+    """What a scoring task's statistics share: per trial GOM normalisations, the metadata, and what
+    statistics comparing pairs with every positive of the run take from them (``pooled``)."""
 
     norms: tuple
     meta: Metadata
     pooled: dict = field(default_factory=dict)
-    later: dict = field(default_factory=dict)  # what statistics take from the first pass (``after_first``)
 
 
 @dataclass(frozen=True)
@@ -252,21 +249,15 @@ def _with_range(ranges: list, queries: Rows, rows: slice, chunk: Rows, dots: np.
     return out
 
 
-def range_chunk(part: Part, start: int, stop: int, queries: Rows, positives: Positives, aux: tuple,
-                scoring: Scoring, run: PassContext, before: tuple | None) -> tuple:
-    """``before`` (if any: (ranges, StatState)) plus, per trial, the min and max distance between
-    the block's queries and the part's rows [start, stop), and over the same distance blocks the
-    state of the statistics riding the first pass (``scoring.first``, if any)."""
-    riding = replace(scoring, statistics=scoring.first)
-    if before is None:
-        ranges = [DistanceRange(np.inf, -np.inf)] * scoring.n_trials
-        state = StatState.empty(riding.statistics, len(queries.pids), positives.dist.shape[0])
-    else:  # a copy, as score_chunk's
-        ranges, state = before[0], before[1].copy()
-    for rows, dots, chunk, blk in _blocks(part, start, stop, queries, positives, riding, run.meta):
+def range_chunk(part: Part, start: int, stop: int, queries: Rows, scoring: Scoring, meta: Metadata,
+                before: list | None) -> list:
+    """``before`` (if any) merged with, per trial, the min and max distance between the block's
+    queries and the part's rows [start, stop)."""
+    ranges = before or [DistanceRange(np.inf, -np.inf)] * scoring.n_trials
+    chunk = load_rows(part.fs, slice(start, stop), scoring, meta, part)
+    for rows, dots in _sub_blocks(queries, chunk, part, start, stop, scoring):
         ranges = _with_range(ranges, queries, rows, chunk, dots, scoring)
-        _update(riding.statistics, aux, blk, rows, state, run)
-    return ranges, state
+    return ranges
 
 
 def positives_range(positives: Positives, n_trials: int) -> list:
@@ -389,36 +380,19 @@ def positives_pass(query: FeatureSet, parts: tuple, plan: Plan, scoring: Scoring
 
 def first_pass(parts: tuple, plan: Plan, scoring: Scoring, meta, blocks, sizes: list, start: int = 0):
     """The range pass over extended rows [start, end): per trial, the delayed DistanceRange of every
-    pair of the blocks' queries (``positives_pass``), their positives' distances included, and the
-    state of the statistics riding it (``scoring.first``; None without: global fields only, merged
-    across query blocks).  Chains of chunks per worker, as the scoring pass: O(workers) states alive,
-    not one per chunk."""
-    run = PassContext(normalisations(None, None, scoring.n_trials), meta)
+    pair of the blocks' queries (``positives_pass``), their positives' distances included.  Chains
+    of chunks per worker, as the scoring pass: O(workers) ranges alive, not one per chunk."""
     chunks = gallery_chunks(plan, parts, start)
     ends = []
-    for n_queries, (queries, positives) in zip(sizes, blocks):
-        aux = delayed(prepare)(scoring.first, meta, queries, positives)
+    for n_queries, (queries, _) in zip(sizes, blocks):
         chains = [None] * max(1, min(plan.workers, len(chunks)))
         for i, (part, a, b) in enumerate(chunks):
             chains[i % len(chains)] = delayed(range_chunk)(
-                part, a, b, queries, positives, aux, scoring, run, chains[i % len(chains)],
+                part, a, b, queries, scoring, meta, chains[i % len(chains)],
                 dask_key_name=work_key("range", distance_work(part.fs, n_queries, a, b, RANGE_PAIR_OVERHEAD)))
         ends += chains
-    merged = tree_reduce(ends, _merge_first)
-    ranges = tree_reduce([merged[0]] + [delayed(positives_range)(positives, scoring.n_trials)
-                                        for _, positives in blocks], merge_ranges)
-    return ranges, delayed(StatState.settled)(merged[1]) if scoring.first else None
-
-
-def _merge_first(a: tuple, b: tuple) -> tuple:
-    """Two (ranges, StatState) of ``range_chunk`` chains merged."""
-    return merge_ranges(a[0], b[0]), StatState.merge(a[1], b[1])
-
-
-def after_first(statistics: tuple, first: StatState) -> dict:
-    """Statistic name -> what it takes from the first pass's state (``after_first``), if anything."""
-    found = {stat.name: stat.after_first(first) for stat in statistics}
-    return {name: value for name, value in found.items() if value is not None}
+    return tree_reduce(ends + [delayed(positives_range)(positives, scoring.n_trials) for _, positives in blocks],
+                       merge_ranges)
 
 
 def scoring_pass(parts: tuple, plan: Plan, scoring: Scoring, n_queries: int, queries, positives, run, meta,
@@ -434,7 +408,7 @@ def scoring_pass(parts: tuple, plan: Plan, scoring: Scoring, n_queries: int, que
             part, a, b, queries, positives, aux, scoring, run, chains[i % len(chains)],
             dask_key_name=work_key(pass_name, distance_work(part.fs, n_queries, a, b)),
         )
-    return delayed(StatState.settled)(tree_reduce(chains, StatState.merge))
+    return tree_reduce(chains, StatState.merge)
 
 
 def scoring_work(query: FeatureSet, parts: tuple, plan: Plan, n_queries: int, start: int, stop: int) -> int:
@@ -453,24 +427,22 @@ def positives_pass_work(query: FeatureSet, parts: tuple, plan: Plan, start: int 
 
 def build(query: FeatureSet, parts: tuple, plan: Plan, scoring: Scoring, meta: Metadata):
     """The full evaluation, one delayed (Positives per query block, StatState per query block, per
-    trial DistanceRange or None, the state of the statistics riding the first pass or None).
+    trial DistanceRange or None).
 
     With ``minmax`` GOM normalisation the ranges are a first pass over all pairs; every scoring
-    task waits for them (and for what its statistics take from the riding ones: ``after_first``).
+    task waits for them.
     """
     blocks = positives_pass(query, parts, plan, scoring, meta)
     sizes = [block_size(rows) for rows in query_blocks(plan, None, len(query))]
     minmax = scoring.gom is not None and scoring.gom.norm == "minmax"
-    dist_ranges, first = first_pass(parts, plan, scoring, meta, blocks, sizes) if minmax else (None, None)
-    later = delayed(after_first)(scoring.statistics, first) if first is not None else {}
+    dist_ranges = first_pass(parts, plan, scoring, meta, blocks, sizes) if minmax else None
     pools = any(getattr(stat, "pools", False) for stat in scoring.statistics)
     everyone = delayed(pooled)(scoring.statistics, *[positives for _, positives in blocks]) if pools else {}
-    run = delayed(PassContext)(delayed(normalisations)(scoring.gom, dist_ranges, scoring.n_trials), meta, everyone,
-                               later)
+    run = delayed(PassContext)(delayed(normalisations)(scoring.gom, dist_ranges, scoring.n_trials), meta, everyone)
     end = extended_rows(parts)
     states = [scoring_pass(parts, plan, scoring, n_queries, queries, positives, run, meta, 0, end)
               for n_queries, (queries, positives) in zip(sizes, blocks)]
-    return delayed(tuple)([[positives for _, positives in blocks], states, dist_ranges, first])
+    return delayed(tuple)([[positives for _, positives in blocks], states, dist_ranges])
 
 
 def positives_work(fs: FeatureSet, start: int, stop: int) -> int:

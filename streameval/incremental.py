@@ -42,9 +42,9 @@ from .openset import request as open_set_request
 from .locking import writing
 from .progress import Phases
 from .ranked import RANKED_OPTIONS, request
-from .verification import VERIFY_OPTIONS
-from .verification import report as verification_report
-from .verification import request as verification_request
+from .features.verification.report import report as verification_report
+from .features.verification.spec import VERIFY_OPTIONS
+from .features.verification.spec import request as verification_request
 from .state import Positives, QueryState
 from .statestore import check_matches, check_updatable, load_state, save_state
 from .statistics import StatState
@@ -137,7 +137,7 @@ def extend(store: Store, settings: Settings, runner: Runner, old: QueryState, pa
     plan, n0, n1 = runner.plan, old.gallery_rows, graph.extended_rows(parts)
     blocks = graph.positives_pass(store.query, parts, plan, scoring, meta, start=n0)
     sizes = [graph.block_size(rows) for rows in graph.query_blocks(plan, None, len(store.query))]
-    new_range = graph.first_pass(parts, plan, scoring, meta, blocks, sizes, start=n0)[0] if settings.minmax else None
+    new_range = graph.first_pass(parts, plan, scoring, meta, blocks, sizes, start=n0) if settings.minmax else None
     runner.expect("scoring", graph.scoring_work(store.query, parts, plan, len(store.query), n0, n1))
     found, new_range = runner.compute(delayed(tuple)([[positives for _, positives in blocks], new_range]))
     new_positives = Positives.concat(found)

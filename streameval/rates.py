@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 from .errors import OptionError
@@ -37,3 +38,8 @@ def parse_rates(value, name: str, what: str) -> tuple[str, ...]:
     if not targets:
         raise OptionError(f"{name} needs at least one {what} target")
     return tuple(targets[x] for x in sorted(targets))
+
+
+def k_of(target: str, n_neg: int) -> int:
+    """k = floor(x N-) exactly, x (a rate) as written."""
+    return math.floor(Fraction(target) * n_neg)

@@ -73,7 +73,7 @@ def summary(result: Result, label: str = "", ranks=None) -> str:
 
         lines += summary_lines(result.open_set)
     if result.verification is not None:
-        from .verification import summary_lines as verification_lines
+        from .features.verification.report import summary_lines as verification_lines
 
         lines += verification_lines(result.verification)
     if result.directions:

@@ -70,7 +70,7 @@ class Settings:
             check_stored_protocol(store, resolved)
         gom = None if no_gom else GomOptions.parse(gom_norm, gom_bins, gom_b, gom_vp)
         ranked = Spec.parse(ranked, Rules.of(resolved).n_trials)
-        from .verification import Spec as VerificationSpec, pair_bound
+        from .features.verification.spec import Spec as VerificationSpec, pair_bound
 
         verification = VerificationSpec.parse(verification, None if store is None else pair_bound(store, resolved),
                                               Rules.of(resolved).n_trials)
@@ -117,19 +117,7 @@ class Settings:
         stats = self.statistics(meta, dim)
         return graph.Scoring(
             np.dtype(self.precision), kernels.METRIC_CODES[self.metric], self.rules, self.gom,
-            kernels.dot_error_bound(dim, self.precision), stats, similarity=self.metric == "similarity",
-            first=self.first_statistics(),
-        )
-
-    def first_statistics(self) -> tuple:
-        """The statistics riding minmax GOM normalisation's first pass: verification's counting
-        bands when they do (``bands.Bands.first``)."""
-        bands = None if self.verification is None else self.verification.bands
-        if bands is None or bands.first is None:
-            return ()
-        from .statistics.verify import Verify
-
-        return (Verify(self.n_trials, self.verification.hist_bits, 0, False, False, bands.first),)
+            kernels.dot_error_bound(dim, self.precision), stats, similarity=self.metric == "similarity")
 
     @property
     def minmax(self) -> bool:

@@ -68,7 +68,7 @@ from .state import Positives, QueryState
 from .statistics import Field, StatState
 from .statistics.dedup import EMPTY
 from .statistics.topk import list_problem
-from .statistics.verify import entries_problem
+from .features.verification.kernels import entries_problem
 from .store import Store, rows_fingerprint
 
 STATE_SCHEMA = 3  # 2: checksums, crc32c chunks, rows_fingerprint; 3: protocol records, trial bits, statistics
@@ -412,7 +412,7 @@ def _counts_problem(layout: dict, arrays: dict) -> str | None:
 
 
 def _tails_problem(gallery_rows: int, n_queries: int, arrays: dict) -> str | None:
-    """Verification's tails (``statistics.verify``): headers and entries well formed."""
+    """Verification's tails (``features.verification.kernels``): headers and entries well formed."""
     key = STATS + "verify/tail"
     problem = entries_problem(arrays[key], gallery_rows, n_queries) if key in arrays else None
     return f"{key} {problem}" if problem else None

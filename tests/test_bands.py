@@ -1,7 +1,8 @@
-"""Placing verification's bands from a pilot (``streameval.bands``): the sample's runs, and the band
-edges a ratio estimator with its between-run standard error gives.  (That the bands' selections
-are exact, and that a misplaced band falls back to the two-pass route, is checked against the
-pairs reference in test_verification.)"""
+"""Placing verification's windows from a pilot (``features.verification.placement``): the sample's
+runs, and the band edges a ratio estimator with its between-run standard error gives; and a
+window's members kept as a list of pieces along a chain.  (That the windows' selections are exact,
+and that a misplaced window only costs passes, is checked against the pairs reference in
+test_verification.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from streameval import bands
+from streameval.features.verification import placement as bands
 
 
 def runs(rng, n_runs: int, per_run: int, spread: float = 0.0):
@@ -84,57 +85,30 @@ def test_the_pilot_size():
         assert bands.sample_rows(rows, 10_000 * rows, rates, budget) == held
 
 
-def _filled_entries(buffer, job, rows):
-    """Append ``rows`` (entries) to job ``job`` of a members buffer, as the kernel does."""
-    from streameval.statistics.verify import COUNT
-
-    n = int(buffer[job, 0, COUNT])
-    buffer[job, n + 1:n + 1 + len(rows)] = rows
-    buffer[job, 0, COUNT] = n + len(rows)
-
-
-def test_a_chain_keeps_members_as_pieces_and_joins_them():
-    """A chain of chunk tasks (``StatState.copy``) hands members on as pieces, not copies of the
-    growing list; settled or merged, the state holds every task's members once."""
+def test_a_chain_keeps_members_as_pieces_and_merges_concatenate_them():
+    """A chain of chunk tasks (``StatState.copy``) hands a window's members on as a list of pieces,
+    not copies of the growing list: a task's piece never reaches its predecessor's state; merged,
+    the state holds every task's members once (``members`` joins a job's)."""
+    from streameval.features.verification.kernels import COUNT, ENTRY
+    from streameval.features.verification.statistic import Verify, Windows, members
     from streameval.statistics import StatState
-    from streameval.statistics.verify import COUNT, OVERFLOW, Refine
 
-    stat = Refine([0, 0], [0.0, 1.0], [1.0, 2.0], [0, 0], 0, capacity=40)
+    stat = Verify(1, 4, 0, False, False, Windows.of([(0, 0, 1 << 63, 40), (0, 1 << 63, 1 << 64, 40)]), count=False)
     rng = np.random.default_rng(1)
     state, added = StatState.empty((stat,), 3, 0), {0: [], 1: []}
-    for _ in range(5):
-        state = state.copy()
-        assert state.arrays["refine/members"][:, 0, COUNT].sum() == 0  # each task fills a fresh buffer
+    for task in range(5):
+        before, state = state, state.copy()
+        piece = np.zeros((2, 5, ENTRY))
         for job in (0, 1):
-            rows = rng.random((int(rng.integers(0, 5)), 4))
-            _filled_entries(state.arrays["refine/members"], job, rows)
+            rows = rng.random((int(rng.integers(0, 5)), ENTRY))
+            piece[job, 1:len(rows) + 1], piece[job, 0, COUNT] = rows, len(rows)
             added[job].extend(map(tuple, rows))
-    assert len(state.pieces["refine/members"]) == 4
-    other = StatState.empty((stat,), 3, 0).copy()
-    _filled_entries(other.arrays["refine/members"], 1, np.ones((2, 4)))
-    for joined, extra in ((state.settled(), []), (StatState.merge(state, other), [(1.0,) * 4] * 2)):
-        members = joined.arrays["refine/members"]
-        assert not joined.pieces and (members[:, 0, OVERFLOW] == 0).all()
-        for job in (0, 1):
-            got = members[job, 1:int(members[job, 0, COUNT]) + 1]
-            want = added[job] + (extra if job == 1 else [])
-            assert sorted(map(tuple, got)) == sorted(want)
-
-
-def test_pieces_keep_what_a_task_collected_and_its_overflow_flag():
-    """A task's buffer becomes a piece trimmed to its members, or none when it holds nothing; an
-    overflow flag is kept, and joining marks the job overflowed (the members a chain collects are
-    bounded by the kernel: test_verification)."""
-    from streameval.statistics.verify import COUNT, ENTRY, OVERFLOW, join_members, pile_members
-
-    empty = np.zeros((2, 101, ENTRY))
-    assert pile_members((), empty) == ()
-    buffer = empty.copy()
-    _filled_entries(buffer, 1, np.full((3, ENTRY), 3.0))
-    buffer[0, 0, OVERFLOW] = 1.0
-    pieces = pile_members(pile_members((), buffer), empty)
-    assert len(pieces) == 1 and pieces[0].shape == (2, 4, ENTRY) and (pieces[0] == buffer[:, :4]).all()
-    joined = join_members(empty, pieces * 2, np.array([100, 100]))
-    assert joined[0, 0, OVERFLOW] == 1.0 and joined[1, 0, OVERFLOW] == 0.0
-    assert joined[1, 0, COUNT] == 6 and (joined[1, 1:7] == 3.0).all()
-    assert join_members(empty, pieces * 2, np.array([100, 5]))[1, 0, OVERFLOW] == 1.0  # past the capacity
+        state.arrays["verify/members"].append(piece)
+        assert len(before.arrays["verify/members"]) == task and len(state.arrays["verify/members"]) == task + 1
+    other = StatState.empty((stat,), 3, 0)
+    other.arrays["verify/members"].append(np.ones((2, 3, ENTRY)))
+    other.arrays["verify/members"][0][:, 0, COUNT] = 2
+    merged = StatState.merge(state, other)
+    for job in (0, 1):
+        got = members(merged.arrays["verify/members"], job)
+        assert sorted(map(tuple, got)) == sorted(added[job] + [(1.0,) * ENTRY] * 2)

@@ -363,7 +363,7 @@ def test_every_size_option_reads_the_same_units(store, monkeypatch):
 
     import distributed
 
-    from streameval import verification
+    from streameval.features.verification import spec as verification
 
     engine = importlib.import_module("streameval.evaluate")  # the module: the package exports the function
 

@@ -213,11 +213,11 @@ def test_no_row_past_the_reach_of_a_distance_can_be_at_or_below_it(metric):
 
 @pytest.mark.parametrize("metric", ["sqeuclidean", "euclidean", "cosine", "distance"])
 def test_no_fast_distance_below_an_edge_has_an_upper_bound_past_its_peak(metric):
-    """``statistics.verify._peak_upper``: every fast distance d' up to an edge E, with norms up to
+    """``features.verification.kernels._peak_upper``: every fast distance d' up to an edge E, with norms up to
     the block's widest, has d' + distance_window(d') at most the peak at E, the bound a tail is
     seeded with from the block's counts below E."""
     from streameval import kernels
-    from streameval.statistics.verify import _peak_upper
+    from streameval.features.verification.kernels import _peak_upper
 
     code = kernels.METRIC_CODES[metric]
     rng = np.random.default_rng(6)

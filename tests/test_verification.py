@@ -30,36 +30,57 @@ TARGETS = "0,0.001,0.01,0.1,0.29,0.5,1"
 CHUNKINGS = [dict(), dict(query_block=5, gallery_chunk=7), dict(query_block=64, gallery_chunk=13, workers=1)]
 TWO_PASS = dict(tail_budget=32)  # one entry, the smallest budget: no tail fits: histogram, then refinement passes
 NARROW = dict(tail_budget=64, hist_bits=4)  # two entries per bin: refined down to single keys
-# Bands (a pilot places them; no tail, as when it would not fit): collected in the scoring pass;
-# counted there and collected by one refinement pass; counted in minmax GOM's first pass and
-# collected in its scoring pass; placed below every distance (as a pilot misled by its sample
-# could), so the two-pass route takes over, counting the histogram again first.
-BANDS = {"bands": {}, "counted bands": {"COLLECT_SHARE": 0.0}, "first-pass bands": {"COLLECT_SHARE": 0.0},
-         "missed bands": {"band_edges": lambda *_: (-2.0, -1.0, 0.01, -2.0)}}
-BAND_OPTIONS = {"first-pass bands": {"no_gom": False}}
+# Windows a pilot places (no tail, as when it would not fit): collected in the scoring pass; too
+# wide for the budget, counted there (and with minmax GOM) and collected in one more pass; placed
+# below every distance (as a pilot misled by its sample could), so windows placed from the
+# histogram take over.
+BANDS = {"bands": None, "counted bands": "counted", "counted bands with GOM": "counted",
+         "missed bands": lambda *_: (-2.0, -1.0, 0.01, -2.0)}
+BAND_OPTIONS = {"counted bands with GOM": {"no_gom": False}}
 
 
 @contextmanager
 def routed(monkeypatch, route: str):
     """Verification takes ``route``: a key of BANDS, else the one the options choose.  Yields the
-    list of how many targets each selection found in its bands."""
-    from streameval import bands, verification
+    list, per window pass of the selection (the scoring pass's first), of the targets its windows
+    resolved, with the windows' state."""
+    from streameval.features.verification import placement, report, spec
 
     found = []
 
-    def banded(*args):
-        out = selected(*args)
-        found.append(len(out))
-        return out
+    def resolving(windows, arrays, targets, selection):
+        left = resolve(windows, arrays, targets, selection)
+        found.append((len(targets) - len(left), arrays))
+        return left
 
+    def counted(*args):  # a share of the negatives no budget holds: the window counts
+        edges = band_edges(*args)
+        return edges and (*edges[:2], 1e9, edges[3])
+
+    def placing(*args):  # a run's pilot: what a rehearsal of its kernels on a tiny problem resolved is gone
+        found.clear()
+        return place(*args)
+
+    resolve, band_edges, place = report.resolve, placement.band_edges, placement.place
     with monkeypatch.context() as patch:
         if route in BANDS:
-            selected = verification._banded
-            patch.setattr(verification, "_banded", banded)
-            patch.setattr(verification.Spec, "sized_core", lambda *_: 0)
-            for name, value in BANDS[route].items():
-                patch.setattr(bands, name, value)
+            patch.setattr(report, "resolve", resolving)
+            patch.setattr(placement, "place", placing)
+            patch.setattr(spec.Spec, "sized_core", lambda *_: 0)
+            if BANDS[route] is not None:
+                patch.setattr(placement, "band_edges", counted if BANDS[route] == "counted" else BANDS[route])
         yield found
+
+
+def resolved(found: list, route: str) -> bool:
+    """Whether the route resolved targets as it should: collecting windows in the scoring pass,
+    counted ones in one more pass, missed ones not at all."""
+    first = found[0][0] if found else 0
+    if route == "bands":
+        return first > 0
+    if route == "missed bands":
+        return first == 0
+    return first == 0 and len(found) > 1 and found[1][0] > 0
 
 
 # ------------------------------------------------------------------------------- the reference
@@ -210,8 +231,8 @@ def test_verification_equals_the_pairs_reference_for_every_chunking_and_method(c
                 bits = extra.get("hist_bits", 16)
                 if method == "two-pass":
                     assert result["method"] == "two-pass", where
-                if method in BANDS:  # (the targets a tiny pilot cannot place take the two-pass route)
-                    assert bool(sum(banded)) == (method != "missed bands"), where
+                if method in BANDS:  # (the targets a tiny pilot cannot place take windows from the histogram)
+                    assert resolved(banded, method), where
                 auc = extra.get("auc", True)
                 if len(pairs) == 1:
                     assert_trial(result, *pairs[0], targets, bits, where, auc)
@@ -244,11 +265,12 @@ def test_near_ties_overflowing_the_tail_take_the_two_pass_route():
 
 
 def test_a_band_past_its_capacity_holds_at_most_it_per_chain_and_falls_back(monkeypatch):
-    """A band far wider than its capacity (every distance, 64 members): each chain's tasks stop
-    collecting at the capacity (counted across the chain, though each task fills its own buffer),
-    the joined band is marked overflowed, and the targets take the two-pass route, exact."""
-    from streameval import bands
-    from streameval.statistics import verify
+    """A window far wider than its capacity (every distance, 64 members): each chain's tasks stop
+    collecting at the capacity (counted across the chain, though each task collects its own piece),
+    the window is known incomplete (fewer taken than inside), and its fine counts place the windows
+    that select, exact."""
+    from streameval.features.verification import placement
+    from streameval.features.verification.statistic import members
 
     rng = np.random.default_rng(6)
     qf, gf = rng.normal(size=(30, 16)).astype(np.float32), rng.normal(size=(400, 16)).astype(np.float32)
@@ -256,21 +278,15 @@ def test_a_band_past_its_capacity_holds_at_most_it_per_chain_and_falls_back(monk
                   rng.integers(0, 4, 400))
     options = dict(verification=True, far="0.001,0.01,0.1", auc=False, no_gom=True, gallery_chunk=50, workers=2)
     expected = streameval.evaluate(data, **options).to_dict()["verification"]
-    joined = []
-
-    def join(self, key, a, pieces):
-        out = join_band(self, key, a, pieces)
-        joined.append((max(int(sum(p[job, 0, verify.COUNT] for p in (a, *pieces))) for job in range(a.shape[0])),
-                       bool(out[:, 0, verify.OVERFLOW].all())))
-        return out
-
-    join_band = verify.Verify.join_own
     with routed(monkeypatch, "bands") as banded:
-        monkeypatch.setattr(bands, "band_edges", lambda *_: (0.0, 1e300, 0.0, 0.0))
-        monkeypatch.setattr(verify.Verify, "join_own", join)
+        monkeypatch.setattr(placement, "band_edges", lambda *_: (0.0, 1e300, 0.0, 0.0))
         result = streameval.evaluate(data, **options).to_dict()["verification"]
-    assert joined and sum(banded) == 0 and result["method"] == "two-pass"
-    assert all(total <= 2 * 64 and overflowed for total, overflowed in joined), joined  # 2 chains
+    first, state = banded[0]
+    assert first == 0 and len(banded) > 1 and result["method"] == "bands"
+    taken, inside = state["verify/taken"], state["verify/fine"].sum(axis=1)
+    for job in range(taken.shape[0]):
+        assert taken[job] == 2 * 64 < inside[job]  # 2 chains, each stopped at the capacity
+        assert len(members(state["verify/members"], job)) == taken[job]
     assert without_curves(result) == without_curves(expected)
 
 
@@ -297,7 +313,7 @@ def test_tail_and_two_pass_agree_on_real_valued_features_with_float32_windows(au
                                          ).to_dict()["verification"]
         found[name] = json.dumps(without_curves(result))
         if name in BANDS:
-            assert bool(sum(banded)) == (name != "missed bands"), name
+            assert resolved(banded, name), name
         # exact: binned on canonical distances where it mattered (as the two-pass route counts again)
         assert result["curves"]["exact"] == (name == "float64" or result["method"] == "two-pass"), name
     assert len(set(found.values())) == 1
@@ -427,19 +443,23 @@ def test_cli_options_summary_and_errors(tmp_path):
 
 
 def test_local_cluster_equals_threaded_for_both_methods(tmp_path, monkeypatch):
-    """The two-pass route, and bands counted in minmax GOM's first pass (the pilot's tasks, the
-    riding statistic and its hand-over to the scoring pass on the workers)."""
+    """The two-pass route, and windows counted in the scoring pass with minmax GOM and collected in
+    one more pass (the pilot's tasks and the windows' states on the workers)."""
     pytest.importorskip("distributed")
     data = str(tmp_path / "s.zarr")  # on disk: the workers are other processes
     streameval.write_store(data, *problem(0))
-    for route, options in (("two-pass", dict(no_gom=True, auc=True, **TWO_PASS)), ("first-pass bands", {})):
+    for route, options in (("two-pass", dict(no_gom=True, auc=True, **TWO_PASS)), ("counted bands with GOM", {})):
         options = dict(verification=True, far=TARGETS, gallery_chunk=9, **options)
         with routed(monkeypatch, route) as banded:
             threaded = streameval.evaluate(data, **options).verification
+            counts = [count for count, _ in banded]
             clustered = streameval.evaluate(data, cluster="local", n_workers=2, threads_per_worker=1,
                                             **options).verification
         assert clustered == threaded, route
-        assert threaded["method"] == "two-pass" if route == "two-pass" else banded[0] == banded[1] > 0
+        if route == "two-pass":
+            assert threaded["method"] == "two-pass"
+        else:
+            assert counts == [count for count, _ in banded] and resolved(banded, route), (counts, banded)
 
 
 def test_forged_tails_in_a_state_are_refused(tmp_path):

@@ -9,10 +9,7 @@ Each statistic declares
   of the smallest negative distances), merged the same way when query blocks are joined;
 * its chunk update (``update``: a numba kernel over one :data:`~.block.Block` of dot products,
   with ``reads_distances`` when it reads the block's filled distances);
-* optionally ``prepare``: per-query-block data its update needs (computed once per block), and
-  ``after_first``: what it takes from the statistics that ride minmax GOM's first pass
-  (``graph.Scoring.first``: verification's counting bands), whose fields marked ``first_pass`` it
-  then does not count itself;
+* optionally ``prepare``: per-query-block data its update needs (computed once per block);
 * its finalisation, in ``metrics`` / ``gom`` / its own module, per trial.
 
 The scoring pass (``graph.score_chunk``) computes one block of dot products and runs the requested
@@ -40,11 +37,9 @@ class Field:
     dtype: type
     shape: tuple
     fill: object = 0
-    merge: str = "sum"  # "sum", "min", "max", "own" (the statistic's merge) or "append" (below)
-    first_pass: bool = False  # counted in the first pass (``graph.Scoring.first``) and taken from its state
-    # "append": lists that only grow (a band's members).  A chain's task fills a fresh buffer and the
-    # state keeps its predecessors' as pieces (``pile_own``), joined when states merge (``join_own``):
-    # copying a growing list into every task's state would cost its length once per chunk.
+    merge: str = "sum"  # "sum", "min", "max", "own" (the statistic's merge) or "list" (below)
+    # "list": a list of arrays (``shape``: the most they hold together), concatenated when states
+    # merge; a task appends what it collected, and a chain's next task copies the list, not its items.
 
 
 class Statistic:
@@ -61,11 +56,6 @@ class Statistic:
         """Per-query-block data for ``update`` (None unless a statistic needs some)."""
         return None
 
-    def after_first(self, first: "StatState"):
-        """What ``update`` takes from the state of the statistics riding the first pass
-        (``graph.Scoring.first``), handed over in ``run.later[name]``; None for nothing."""
-        return None
-
     def update(self, blk, rows: slice, state: dict, aux, run) -> None:
         """Add the block's pairs to ``state``: this statistic's arrays for the block's query rows
         ``rows`` (of the query block; positive-axis arrays whole), ``aux`` from ``prepare``, and
@@ -80,46 +70,40 @@ class Statistic:
         part only: every chunk task copies its predecessor's state)."""
         return a.copy()
 
-    def pile_own(self, key: str, pieces: tuple, a: np.ndarray) -> tuple:
-        """An append field's ``pieces`` with the filled buffer ``a`` added."""
-        raise NotImplementedError
-
-    def join_own(self, key: str, a: np.ndarray, pieces: tuple) -> np.ndarray:
-        """An append field's buffer ``a`` with its ``pieces`` joined in: one buffer."""
-        raise NotImplementedError
-
 
 _MERGES = {"sum": np.add, "min": np.minimum, "max": np.maximum}
 
 
-def _filled(shape: tuple, fill, dtype) -> np.ndarray:
-    """A new field array; zeros by calloc, so a large buffer's untouched pages take no memory."""
-    return np.zeros(shape, dtype) if fill == 0 else np.full(shape, fill, dtype)
+def _filled(spec: Field, rows: tuple):
+    """A new field array (an empty list for a list field); zeros by calloc, so a large buffer's
+    untouched pages take no memory."""
+    if spec.merge == "list":
+        return []
+    shape = rows + spec.shape
+    return np.zeros(shape, spec.dtype) if spec.fill == 0 else np.full(shape, spec.fill, spec.dtype)
 
 
-def _copied(stat, spec: Field, key: str, a: np.ndarray) -> np.ndarray:
+def _copied(stat, spec: Field, key: str, a):
     return stat.copy_own(key.split("/", 1)[1], a) if spec.merge == "own" else a.copy()
 
 
-def _merged(stat, spec: Field, key: str, a: np.ndarray, b: np.ndarray, pieces: tuple = ()) -> np.ndarray:
-    """Two states of one field merged as it declares (an append field's ``pieces`` joined too)."""
+def _merged(stat, spec: Field, key: str, a, b):
+    """Two states of one field merged as it declares."""
     if spec.merge == "own":
         return stat.merge_own(key.split("/", 1)[1], a, b)
-    if spec.merge == "append":
-        return stat.join_own(key.split("/", 1)[1], a, (b,) + pieces)
+    if spec.merge == "list":
+        return a + b
     return _MERGES[spec.merge](a, b)
 
 
 class StatState:
     """The state of several statistics for a set of queries: ``arrays[key]`` for key
     ``"<statistic>/<field>"``.  Moves whole queries between layouts (``take``, ``scatter``,
-    ``concat``) and merges, field by field, as each field declares.  A chain task's state may hold
-    ``pieces`` of its append fields (``copy``); ``merge`` and ``settled`` join them."""
+    ``concat``) and merges, field by field, as each field declares."""
 
-    def __init__(self, statistics: tuple, arrays: dict, pieces: dict | None = None):
+    def __init__(self, statistics: tuple, arrays: dict):
         self.statistics = statistics
         self.arrays = arrays
-        self.pieces = pieces or {}  # key -> the filled buffers of an append field
 
     @staticmethod
     def specs(statistics) -> dict:
@@ -129,32 +113,12 @@ class StatState:
     @classmethod
     def empty(cls, statistics: tuple, n_queries: int, n_positives: int) -> "StatState":
         rows = {"query": (n_queries,), "positive": (n_positives,), "global": ()}
-        arrays = {key: _filled(rows[spec.axis] + spec.shape, spec.fill, spec.dtype)
-                  for key, (_, spec) in cls.specs(statistics).items()}
-        return cls(statistics, arrays)
+        return cls(statistics, {key: _filled(spec, rows[spec.axis]) for key, (_, spec) in cls.specs(statistics).items()})
 
     def copy(self) -> "StatState":
-        """A copy for the next task of a chain; an append field's buffer becomes a piece, the copy
-        a fresh one."""
+        """A copy for the next task of a chain."""
         specs = self.specs(self.statistics)
-        arrays, pieces = {}, {}
-        for key, arr in self.arrays.items():
-            stat, spec = specs[key]
-            if spec.merge == "append":
-                arrays[key] = _filled(arr.shape, spec.fill, spec.dtype)
-                pieces[key] = stat.pile_own(key.split("/", 1)[1], self.pieces.get(key, ()), arr)
-            else:
-                arrays[key] = _copied(stat, spec, key, arr)
-        return StatState(self.statistics, arrays, pieces)
-
-    def settled(self) -> "StatState":
-        """This state with its pieces joined (what every reader of a pass's state expects)."""
-        if not self.pieces:
-            return self
-        specs = self.specs(self.statistics)
-        return StatState(self.statistics, {
-            key: specs[key][0].join_own(key.split("/", 1)[1], arr, self.pieces[key]) if key in self.pieces else arr
-            for key, arr in self.arrays.items()})
+        return StatState(self.statistics, {key: _copied(*specs[key], key, arr) for key, arr in self.arrays.items()})
 
     def fields(self, statistic) -> dict:
         """The arrays of ``statistic`` by field name."""
@@ -162,16 +126,16 @@ class StatState:
 
     @staticmethod
     def merge(a: "StatState", b: "StatState") -> "StatState":
-        return StatState(a.statistics, {
-            key: _merged(stat, spec, key, a.arrays[key], b.arrays[key], a.pieces.get(key, ()) + b.pieces.get(key, ()))
-            for key, (stat, spec) in StatState.specs(a.statistics).items()})
+        return StatState(a.statistics, {key: _merged(stat, spec, key, a.arrays[key], b.arrays[key])
+                                        for key, (stat, spec) in StatState.specs(a.statistics).items()})
 
     def take(self, offsets: np.ndarray, queries: np.ndarray) -> "StatState":
         """The state of ``queries`` (in that order); ``offsets`` is this state's positives layout.
         Global fields stay whole: they cannot be split by query."""
         at = segment_positions(offsets, queries)
-        index = {"query": queries, "positive": at, "global": ...}
-        return StatState(self.statistics, {key: arr[index[spec.axis]] for key, (_, spec), arr in self._items()})
+        index = {"query": queries, "positive": at}
+        return StatState(self.statistics, {key: arr if spec.axis == "global" else arr[index[spec.axis]]
+                                           for key, (_, spec), arr in self._items()})
 
     @staticmethod
     def scatter(statistics: tuple, offsets: np.ndarray, pieces: list) -> "StatState":
@@ -196,13 +160,6 @@ class StatState:
             joined[key] = (reduce(lambda a, b: _merged(stat, spec, key, a, b), arrays) if spec.axis == "global"
                            else np.concatenate(arrays))
         return StatState(parts[0].statistics, joined)
-
-    def with_first(self, first: "StatState") -> "StatState":
-        """This state with the fields counted in the first pass (``Field.first_pass``) taken from
-        ``first``, its state."""
-        specs = self.specs(self.statistics)
-        return StatState(self.statistics, {key: first.arrays[key] if specs[key][1].first_pass else arr
-                                           for key, arr in self.arrays.items()})
 
     def _items(self):
         specs = self.specs(self.statistics)

@@ -107,7 +107,7 @@ def suite_settings(store: Store, suite: Suite) -> Settings:
     """The suite's options as Settings, refusing what a stacked pass cannot give per evaluation."""
     from ..openset import request as open_set_request
     from ..ranked import request as ranked_request
-    from ..verification import request as verification_request
+    from ..features.verification.spec import request as verification_request
 
     options = dict(suite.options)  # the requests below take their keywords out of it, as evaluate's do
     ranked, _ = ranked_request(options)

@@ -1,14 +1,13 @@
-"""Pair-level verification (PROTOCOLS.md 3.2, 3.6): the kept negative pairs of all queries, per
-trial, as an additive histogram, a tail of the smallest ones and the AUC sum; and the refinement
-passes of the exact two-pass selection.  ``verification`` finalises them.
+"""Pair-level verification's kernels (PROTOCOLS.md 3.2, 3.6): the kept negative pairs of all
+queries, per trial, as an additive histogram, a tail of the smallest ones, the AUC sum, and the
+windows of the exact selection (``statistic``, ``select``).
 
 Keys and bins.  ``key(d)`` is the order-preserving uint64 of a float64 distance (-0.0 taken as
 +0.0; non-negative values get the sign bit set, negative values are bit-inverted), and its top B
 bits (``--hist-bits``) are d's bin.  With ``exact_bins`` a negative's bin is decided on its fast
 distance d when the whole error window [d - w, d + w] (``kernels.distance_window``) falls in one
-bin (both ends' keys agree), and on its canonical distance otherwise; so are the sub-bins of a
-refinement (the next bits of the key), always.  Without (float32 GEMMs, one-pass selection) the
-fast distance decides, as for GOM's thresholds (``kernels.bin_error_bound``): with float32 windows
+bin (both ends' keys agree), and on its canonical distance otherwise.  Without (float32 GEMMs,
+one-pass selection) the fast distance decides, as for GOM's thresholds (``kernels.bin_error_bound``): with float32 windows
 ~0.4% of Market's negatives straddle an edge, and their canonical distances would cost more than
 the rest of verification; the histogram then only shapes the curves.  The AUC's comparisons with
 positive distances are always exact.
@@ -22,36 +21,32 @@ certainly at or below it, so the L smallest canonical distances of all the negat
 are among its entries (ties by value are interchangeable: a dropped exact entry equal to U is
 never needed).  Two tails over disjoint rows merge into their union, compacted the same way: exact
 in any order.  Only the entries near a requested order statistic need their canonical distance in
-the end (``verification.settle``); the pass computes none for the tail, which is what keeps a tail
+the end (``report.settle``); the pass computes none for the tail, which is what keeps a tail
 of a million entries cheap.  A tail without U takes one from its first block's counts when that
 block alone holds L negatives (``_seed_bound``), rather than every pair until its buffer fills.
 Its buffer holds ``capacity(L)`` entries and is compacted when full;
 near-ties at U (many entries within their window of it) can overflow it, which marks the tail
-unusable (header flag): the selection then takes the two-pass route.
+unusable (header flag): the selection then takes windows.
 
-Bands (``bands``: placed by a pilot when the tail would not fit): per job, a trial and a range
-[low, high) around one target's value.  A collecting band keeps the negatives certainly below it as
-a count and its members as exact entries (canonical distances, w = 0); a counting band keeps a fine
-histogram over it on fast distances, from which a later pass's collecting band is placed.  A row's
-pairs below its limit (the tail's and the bands' reach) are found by a vectorised mask; one loop
-then offers these few to both.
+Windows (``statistic``): per job, a trial and a range [low, high): the negatives certainly below it
+counted, those inside counted in fine bins and collected as exact entries (canonical distances,
+w = 0) up to a capacity.  A row's pairs below its limit (the tail's and the windows' reach) are
+found by a vectorised mask; one loop then offers these few to both.
 
 Layout of a list of entries: ``a[0]`` is a header [count, U, overflowed, U known], ``a[1:count+1]``
-the entries.  The same layout holds a refinement's members (``Refine``) and a band's, without U.
+the entries.  The same layout holds a window's members, without U.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import numba as nb
 import numpy as np
 
-from .. import kernels
-from ..choices import TAIL_ENTRY_BYTES
-from . import Field, Statistic
-from .block import compact, kept_negative, mask, trial_bit, widest
+from ... import kernels
+from ...choices import TAIL_ENTRY_BYTES
+from ...statistics.block import compact, kept_negative, mask, trial_bit, widest
 
 _jit = nb.njit(nogil=True, cache=True)
 _inline = nb.njit(nogil=True, cache=True, inline="always")
@@ -61,7 +56,7 @@ ENTRY = 4  # d, w, extended gallery row, query row
 ENTRY_BYTES = TAIL_ENTRY_BYTES  # 8 bytes a column; the smallest --tail-budget (choices.RANGES)
 assert ENTRY_BYTES == 8 * ENTRY
 COUNT, BOUND, OVERFLOW, KNOWN = 0, 1, 2, 3  # header columns
-SUB_BITS = 16  # key bits a refinement pass adds
+FINE_BITS = 12  # a window's fine bins: 2^12 of them over its key range
 def capacity(core: int) -> int:
     """Entries a tail of length ``core`` holds between compactions."""
     return core + max(core // 2, 16)
@@ -243,42 +238,6 @@ def copy_entries(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def pile_members(pieces: tuple, a: np.ndarray) -> tuple:
-    """``pieces`` (lists of members, ``Field`` merge "append") with the used part of ``a`` added, if
-    it holds a member or an overflow flag.  (What a chain collects is bounded where it is collected:
-    the kernel counts it across the chain's tasks, ``taken``.)"""
-    counts = a[:, 0, COUNT].astype(np.int64)
-    if not counts.any() and not a[:, 0, OVERFLOW].any():
-        return pieces
-    piece = np.zeros((a.shape[0], int(counts.max()) + 1, a.shape[2]), a.dtype)
-    for job in range(a.shape[0]):
-        piece[job, :counts[job] + 1] = a[job, :counts[job] + 1]
-    return pieces + (piece,)
-
-
-def join_members(a: np.ndarray, pieces: tuple, capacities: np.ndarray) -> np.ndarray:
-    """Per job, the members of ``a`` and of every piece (disjoint rows) in one buffer shaped as
-    ``a``; a job with more than its capacity (``capacities``, the buffer's length if smaller) is
-    marked overflowed.  A refinement's capacity is its jobs' exact member counts: it never
-    overflows (checked by the caller)."""
-    out = copy_entries(a)
-    for piece in pieces:
-        _append_members(out, piece, capacities)
-    return out
-
-
-@_jit
-def _append_members(out, b, capacities):
-    for job in range(out.shape[0]):
-        na = np.int64(out[job, 0, COUNT])
-        nb_ = np.int64(b[job, 0, COUNT])
-        if na + nb_ > min(capacities[job], out.shape[1] - 1) or b[job, 0, OVERFLOW] != 0.0:
-            out[job, 0, OVERFLOW] = 1.0
-            continue
-        out[job, na + 1:na + nb_ + 1] = b[job, 1:nb_ + 1]
-        out[job, 0, COUNT] = na + nb_
-
-
 def entries_problem(entries: np.ndarray, gallery_rows: int, n_queries: int) -> str | None:
     """What is wrong with tails read back from a saved state, or None."""
     header = entries[:, 0]
@@ -430,29 +389,26 @@ def _near_columns(blk, i, negative, limit, hit, near):
 
 
 @_jit
-def _offer_row(blk, i, near, found, q, tail, core, bound, lows, highs, capacities, scales, first, last, below, members,
-               fine, windows, taken):
-    """Row i's pairs ``near[:found]`` (below its limit) to the trial's bands (jobs first..last-1,
-    ``band_jobs``) and its tail (``bound``: its bound, -inf for none); returns the tail's bound.
+def _offer_row(blk, i, near, found, q, tail, core, bound, windows, first, last, below, taken, fine, members, cell):
+    """Row i's pairs ``near[:found]`` (below its limit) to the trial's windows (jobs first..last-1 of
+    ``windows``: lows, highs, the lows' keys, the fine bins' key shifts, capacities) and its tail
+    (``bound``: its bound, -inf for none); returns the tail's bound.
 
-    A collecting band (capacity > 0) counts a pair below it when certainly so, else the pair's
-    canonical distance decides between below, a member (collected exact, w = 0, into this task's
-    buffer; ``taken`` counts them over the chain, against the capacity) and above.  A
-    counting band takes the fast distance: below it or into its fine histogram, and the widest
-    window it met (every pair below its high edge passes here).  (One loop, no helper: each call of
-    a helper taking the arrays would cost their reference counts, more than the pair's work.)"""
+    A window counts a pair below it when certainly so, else the pair's canonical distance decides
+    between below, inside and above.  Inside, it counts the pair in its fine bin (the canonical
+    distance's key, shifted) and collects it as an exact member (w = 0, into this task's buffer)
+    while ``taken`` (counted over the chain) is below the capacity.  (One loop, no helper: each call
+    of a helper taking the arrays would cost their reference counts, more than the pair's work.)"""
+    lows, highs, klows, shifts, capacities = windows[:5]
+    cell_bits = cell.view(np.uint64)
+    last_bin = np.uint64(fine.shape[1] - 1)
     for e in range(found):
         j = near[e]
         d = blk.dist[i, j]
         w = kernels.distance_window(d, blk.qn[i], blk.gn[j], blk.metric, blk.c_dot)
         exact = np.nan  # the canonical distance, once needed
         for b in range(first, last):
-            if capacities[b] == 0:
-                windows[b] = max(windows[b], w)
-                below[b] += d < lows[b]
-                if (lows[b] <= d) & (d < highs[b]):
-                    fine[b, min(np.int64((d - lows[b]) * scales[b]), fine.shape[1] - 1)] += 1
-            elif d + w < lows[b]:
+            if d + w < lows[b]:
                 below[b] += 1
             elif d - w < highs[b]:
                 if exact != exact:
@@ -460,10 +416,10 @@ def _offer_row(blk, i, near, found, q, tail, core, bound, lows, highs, capacitie
                 if exact < lows[b]:
                     below[b] += 1
                 elif exact < highs[b]:
-                    n = np.int64(members[b, 0, COUNT]) + 1
-                    if taken[b] >= capacities[b]:  # the pilot misjudged the band: unusable
-                        members[b, 0, OVERFLOW] = 1.0
-                    else:
+                    fine[b, np.int64(min((_key(cell, cell_bits, exact) - klows[b]) >> np.uint64(shifts[b]),
+                                         last_bin))] += 1
+                    if taken[b] < capacities[b]:
+                        n = np.int64(members[b, 0, COUNT]) + 1
                         members[b, n, 0] = exact
                         members[b, n, 1] = 0.0
                         members[b, n, 2] = np.float64(blk.g_start + j)
@@ -514,15 +470,15 @@ def _seed_bound(entries, counts, sh, core, qn_max, gn_max, metric, c_dot):
 
 
 @_jit
-def update_verify_fast(blk, qrows, shift, hist, tails, core, bands, count):
+def update_verify_fast(blk, qrows, shift, hist, tails, core, windows, below, taken, fine, members, count):
     """``update_verify`` without exact bins and AUC: kept negatives per trial into the histogram
     on their fast distances (a row at a time: its negatives masked first, then counted into
-    interleaved sub-histograms), and those below the row's limit into the tails and the bands
-    (``band_jobs`` and the bands' state; jobs of trial t: ``job_first[t]:job_first[t + 1]``) after
-    the row's scan.  A tail without a bound gets one from the block's counts first
-    (``_seed_bound``), then takes the block's pairs in a second scan.  Without ``count`` (a
-    refinement's bands) no histogram."""
-    lows, highs, capacities, scales, job_first, below, members, fine, windows, taken = bands
+    interleaved sub-histograms), and those below the row's limit into the tails and the windows
+    (``Windows.arrays``; jobs of trial t: ``job_first[t]:job_first[t + 1]``) after the row's scan.
+    A tail without a bound gets one from the block's counts first (``_seed_bound``), then takes
+    the block's pairs in a second scan.  Without ``count`` (a further pass) no histogram."""
+    highs, job_first = windows[1], windows[5]
+    cell = np.empty(1)
     sh = np.uint64(shift)
     n_rows, n = blk.dist.shape
     gn_max = blk.gn.max() if n else 0.0
@@ -545,7 +501,7 @@ def update_verify_fast(blk, qrows, shift, hist, tails, core, bands, count):
             if scan:
                 _seed_bound(tail, sub.sum(axis=0), shift, core, qn_max, gn_max, blk.metric, blk.c_dot)
                 bound = _bound(tail)
-                first = last  # the bands had the block's pairs
+                first = last  # the windows had the block's pairs
                 reach = -np.inf
             for i in range(n_rows):
                 if trial_bit(blk.q_bits[i], t) == 0:
@@ -556,8 +512,8 @@ def update_verify_fast(blk, qrows, shift, hist, tails, core, bands, count):
                 limit = max(_limit(blk, i, bound, gn_max), _limit(blk, i, reach, gn_max))
                 found = _near_columns(blk, i, negative, limit, hit, near) if limit > -np.inf else 0
                 if found:
-                    bound = _offer_row(blk, i, near, found, np.float64(qrows[i]), tail, core, bound, lows, highs,
-                                       capacities, scales, first, last, below, members, fine, windows, taken)
+                    bound = _offer_row(blk, i, near, found, np.float64(qrows[i]), tail, core, bound, windows, first,
+                                       last, below, taken, fine, members, cell)
         if count:
             hist[t] += sub.sum(axis=0)
             sub[:] = 0
@@ -622,196 +578,3 @@ def update_verify(blk, qrows, shift, exact_bins, hist, tails, core, auc, pool):
                         limits[t] = _limit(blk, i, bounds[t], gn_max)
 
 
-FINE_BINS = 1 << 12  # a counting band's histogram
-
-
-def band_jobs(bands, n_trials: int) -> tuple:
-    """The kernel's view of ``bands`` (a ``bands.Bands`` or None): lows, highs, capacities (0: a
-    counting job), the fine bins per unit of distance, and per trial t the first job's index (jobs
-    sorted by trial; trial t's are job_first[t]:job_first[t + 1])."""
-    if bands is None:
-        return np.empty(0), np.empty(0), np.empty(0, np.int64), np.empty(0), np.zeros(n_trials + 1, np.int64)
-    trials = np.array([t for t, _ in bands.keys], np.int64)
-    lows, highs = np.array(bands.lows, np.float64), np.array(bands.highs, np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):  # (a collecting band may start at -inf: no bins)
-        scales = np.where(np.isfinite(lows) & (highs > lows), FINE_BINS / (highs - lows), 0.0)
-    return (lows, highs, np.array(bands.capacities, np.int64), scales,
-            np.searchsorted(trials, np.arange(n_trials + 1)).astype(np.int64))
-
-
-class Verify(Statistic):
-    """Fields (all global, per trial): ``hist`` (kept negatives per bin of the top ``bits`` key
-    bits; ``exact_bins``: decided on the canonical distance where the window could change the bin,
-    else on the fast one), ``tail`` (with ``core`` > 0: the tail of the ``core`` smallest), ``auc``
-    (with ``auc``: sum over negatives of 2 #{pos < d} + #{pos = d}); per job of ``bands`` (a
-    ``bands.Bands``: a trial and a range [low, high) placed by a pilot), ``below`` (negatives below
-    it) and ``band`` (a collecting job's members, exact, up to its capacity) or ``fine`` and
-    ``window`` (a counting job's histogram over the range, on fast distances, and the widest window
-    met).  Without ``count`` no negative is added to ``hist`` (a refinement pass's bands); with
-    bands riding the first pass (``bands.Bands.first``) neither: that pass counts it."""
-
-    name = "verify"
-    reads_distances = True
-
-    def __init__(self, n_trials: int, bits: int, core: int, auc: bool, exact_bins: bool, bands=None,
-                 count: bool = True):
-        riding = bands is not None and bands.first is not None  # the histogram is counted in the first pass
-        self.bits, self.core, self.pools, self.exact_bins = bits, core, auc, exact_bins
-        self.count = count and not riding
-        self.bands, self.jobs = bands, band_jobs(bands, n_trials)
-        self.fields = {"hist": Field("global", np.int64, (n_trials, 2**bits), first_pass=riding)}
-        if core:
-            self.fields["tail"] = Field("global", np.float64, (n_trials, capacity(core) + 1, ENTRY), 0.0, "own")
-        if auc:
-            self.fields["auc"] = Field("global", np.int64, (n_trials,))
-        if bands is not None:
-            self.fields["band"] = Field("global", np.float64, (len(bands.keys), max(bands.capacities) + 1, ENTRY),
-                                        0.0, "append")
-            self.fields["below"] = Field("global", np.int64, (len(bands.keys),))
-            self.fields["taken"] = Field("global", np.int64, (len(bands.keys),))  # members collected
-            if not all(bands.capacities):
-                self.fields["fine"] = Field("global", np.int64, (len(bands.keys), FINE_BINS))
-                self.fields["window"] = Field("global", np.float64, (len(bands.keys),), 0.0, "max")
-
-    def prepare(self, meta, queries, positives):
-        return queries.index
-
-    def pool(self, positives):
-        return pool_positives(positives, self.fields["hist"].shape[0])
-
-    def update(self, blk, rows: slice, state: dict, aux, run) -> None:
-        n_trials = state["hist"].shape[0]
-        tails = state.get("tail", np.zeros((n_trials, 1, ENTRY)))
-        auc = state.get("auc", np.zeros(0, np.int64))
-        pool = run.pooled[self.name] if self.pools else NO_POOL
-        if self.exact_bins or self.pools:
-            update_verify(blk, aux[rows], 64 - self.bits, self.exact_bins, state["hist"], tails, self.core, auc, pool)
-        else:
-            bands = (*run.later.get(self.name, self.jobs), state.get("below", np.zeros(0, np.int64)),
-                     state.get("band", np.zeros((0, 1, ENTRY))),
-                     state.get("fine", np.zeros((0, 1), np.int64)), state.get("window", np.zeros(0)),
-                     state.get("taken", np.zeros(0, np.int64)))
-            update_verify_fast(blk, aux[rows], 64 - self.bits, state["hist"], tails, self.core, bands, self.count)
-
-    def merge_own(self, key: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return merge_tails(a, b, self.core)
-
-    def pile_own(self, key: str, pieces: tuple, a: np.ndarray) -> tuple:
-        return pile_members(pieces, a)
-
-    def join_own(self, key: str, a: np.ndarray, pieces: tuple) -> np.ndarray:
-        return join_members(a, pieces, self.jobs[2])
-
-    def after_first(self, first) -> tuple | None:
-        """The kernel's view of the bands for the scoring pass when some ride the first pass
-        (``bands.Bands.first``): their edges and capacities from its counts (``first``: its
-        StatState), while they fit the buffer they share; an empty band where they single out none
-        (its target then takes the two-pass route)."""
-        if self.bands is None or self.bands.first is None:
-            return None
-        from ..bands import singled_out
-        from ..verification import k_of
-
-        n_trials = self.fields["hist"].shape[0]
-        n_neg = first.arrays["verify/hist"].sum(axis=1)
-        ks = {(t, x): k_of(x, int(n_neg[t])) for t, x in self.bands.first.keys}
-        found = singled_out(self.bands.first, first.arrays, {key: k for key, k in ks.items() if k < n_neg[key[0]]})
-        room = self.bands.capacities[self.bands.keys.index(self.bands.first.keys[0])]  # the riding jobs' buffer
-        jobs = []
-        for key, low, high, capacity in zip(self.bands.keys, self.bands.lows, self.bands.highs, self.bands.capacities):
-            if key in self.bands.first.keys:
-                low, high, capacity = found.get(key, (-np.inf, -np.inf, 1))
-                room -= capacity
-                if room < 0:
-                    low = high = -np.inf
-            jobs.append((low, high, capacity))
-        lows, highs, capacities = zip(*jobs)
-        return band_jobs(replace(self.bands, lows=lows, highs=highs, capacities=capacities), n_trials)
-
-    def copy_own(self, key: str, a: np.ndarray) -> np.ndarray:
-        return copy_entries(a)
-
-
-# ---------------------------------------------------------------------------------- refinement
-
-
-@_jit
-def update_refine(blk, qrows, trials, lows, highs, shifts, hist, members):
-    """For each job (a trial and a key range [low, high) of distances): its kept negatives' sub-bins
-    (the next key bits below ``shifts``, into ``hist``) or, without a histogram, the members
-    themselves (entries, exact membership, into ``members``)."""
-    cell = np.empty(1)
-    cell_bits = cell.view(np.uint64)
-    n_jobs = trials.shape[0]
-    collect = members.shape[1] > 1
-    low_all = lows.min() if n_jobs else np.inf
-    high_all = highs.max() if n_jobs else -np.inf
-    mask = np.uint64(hist.shape[1] - 1)
-    for i in range(blk.dist.shape[0]):
-        if blk.q_bits[i] == 0:
-            continue
-        qn = blk.qn[i]
-        for j in range(blk.dist.shape[1]):
-            if not kept_negative(blk, i, j):
-                continue
-            d = blk.dist[i, j]
-            w = kernels.distance_window(d, qn, blk.gn[j], blk.metric, blk.c_dot)
-            if (d + w < low_all) | (d - w >= high_all):
-                continue
-            bits = blk.g_bits[j] & blk.q_bits[i]
-            for job in range(n_jobs):
-                if trial_bit(bits, trials[job]) == 0 or d + w < lows[job] or d - w >= highs[job]:
-                    continue
-                if not ((lows[job] <= d - w) & (d + w < highs[job])):
-                    if w != 0.0:
-                        d = _canonical(blk, i, j)
-                        w = 0.0
-                    if not ((lows[job] <= d) & (d < highs[job])):
-                        continue
-                if collect:
-                    n = np.int64(members[job, 0, COUNT]) + 1
-                    if n == members.shape[1]:  # more members than pass 1 counted: never (checked after)
-                        members[job, 0, OVERFLOW] = 1.0
-                        continue
-                    members[job, n, 0] = d
-                    members[job, n, 1] = w
-                    members[job, n, 2] = np.float64(blk.g_start + j)
-                    members[job, n, 3] = np.float64(qrows[i])
-                    members[job, 0, COUNT] = n
-                    continue
-                sh = np.uint64(shifts[job])
-                sub = (_key(cell, cell_bits, d - w) >> sh) & mask
-                if sub != (_key(cell, cell_bits, d + w) >> sh) & mask:
-                    d = _canonical(blk, i, j)
-                    w = 0.0
-                    sub = (_key(cell, cell_bits, d) >> sh) & mask
-                hist[job, sub] += 1
-
-
-class Refine(Statistic):
-    """A refinement pass over ``jobs`` (trial, low, high, shift): sub-histograms over ``sub_bits``
-    more key bits, or (``capacity`` > 0) the members themselves, ``capacity`` per job at most."""
-
-    name = "refine"
-    reads_distances = True
-
-    def __init__(self, trials, lows, highs, shifts, sub_bits: int, capacity: int):
-        self.jobs = (np.asarray(trials, np.int64), np.asarray(lows, np.float64), np.asarray(highs, np.float64),
-                     np.asarray(shifts, np.int64))
-        n = self.jobs[0].shape[0]
-        self.fields = {"hist": Field("global", np.int64, (n, 2**sub_bits if not capacity else 1))}
-        if capacity:
-            self.fields["members"] = Field("global", np.float64, (n, capacity + 1, ENTRY), 0.0, "append")
-
-    def prepare(self, meta, queries, positives):
-        return queries.index
-
-    def update(self, blk, rows: slice, state: dict, aux, run) -> None:
-        members = state.get("members", np.zeros((self.jobs[0].shape[0], 1, ENTRY)))
-        update_refine(blk, aux[rows], *self.jobs, state["hist"], members)
-
-    def pile_own(self, key: str, pieces: tuple, a: np.ndarray) -> tuple:
-        return pile_members(pieces, a)
-
-    def join_own(self, key: str, a: np.ndarray, pieces: tuple) -> np.ndarray:
-        return join_members(a, pieces, np.full(a.shape[0], a.shape[1] - 1, np.int64))

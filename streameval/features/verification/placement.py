@@ -1,27 +1,30 @@
-"""Verification's bands (PROTOCOLS.md 3.2): the exact (k+1)-th smallest negative distance in the
-scoring pass itself when a tail of the k+1 smallest would not fit its budget (``tail_budget``).
+"""Placing verification's windows (``statistic.Windows``) before the scoring pass, from a pilot:
+the exact (k+1)-th smallest negative distance in the scoring pass itself when a tail of the k+1
+smallest would not fit its budget (``tail_budget``).
 
 * A **pilot** scores every query against a sample of the gallery: ``RANGES`` runs of consecutive
-  rows spread over it, each with a tail of its smallest negatives (``statistics.verify``), whose
+  rows spread over it, each with a tail of its smallest negatives (``kernels``), whose
   fast distances give, for any t below the tail's reach, the run's exact count of negatives below t.
 * **Placing.** Per trial and FAR target x, the share F(t) of negatives below t is estimated with
   its standard error from the spread between the runs (a ratio estimator: the runs are clusters of
-  pairs), and a band [low, high) placed with F(low) + z SE < x < F(high) - z SE (``band_edges``).
-* **The scoring pass** counts, per band, the negatives certainly below it and collects its members
-  with their canonical distances (``statistics.verify._band_pair``): the (k+1)-th smallest is exact
-  whenever it falls in the band (``verification._banded``).  A band the pilot misplaced, or one
-  that outgrew its capacity, costs time, not exactness: its target takes the two-pass route.
+  pairs), and a window [low, high) placed with F(low) + z SE < x < F(high) - z SE (``band_edges``).
+* **The scoring pass** counts, per window, the negatives below it and its members (``statistic``):
+  the (k+1)-th smallest is exact whenever it falls in the window.  A window the pilot misplaced,
+  or one that outgrew its capacity, costs a pass, not exactness (``select``).
 
-Only where no state is saved: a saved state's verification arrays are the two-pass route's.
+Only where no state is saved: a saved state keeps the histogram and tails only.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from fractions import Fraction
 
 import numpy as np
+
+from .kernels import COUNT, ENTRY_BYTES, OVERFLOW, keys_of
+from .statistic import Verify, Windows
 
 Z = 5.0  # standard errors between a band's edge and the estimate of its target
 SPREAD = 3.0  # assumed spread, between gallery rows, of a row's share of negatives below a target x, over x
@@ -31,38 +34,23 @@ ONE_PASS_SHARE = 0.15  # the most of the gallery a pilot scores so that every ba
 COUNT_SHARE = 0.01  # else: enough to place ranges whose counts single out a band for a refinement pass
 REACH = 3.0  # the pilot's tails hold REACH x the largest target's share of each run's negatives
 PILOT_BYTES = 24  # what the pilot holds per pair in its tails: 8 sorted, up to 16 in the tails being filled
-COLLECT_SHARE = 1.0  # of the tail budget, what collecting bands may take (the rest count)
 GRID = 1 << 16  # candidate edges, spread evenly over the pilot's pooled distances
 
 
-@dataclass(frozen=True)
-class Bands:
-    """Per job (a trial and a FAR target as written, sorted by trial): the band [low, high) and
-    the most members the scoring pass keeps (0: it counts).  ``first``: with minmax GOM
-    normalisation, whose first pass reads every pair anyway, the counting jobs ride it (a Bands of
-    their own) and the jobs of the same keys here collect what their counts single out
-    (``singled_out``: their edges come from the first pass, these are the pilot's)."""
-
-    keys: tuple
-    lows: tuple
-    highs: tuple
-    capacities: tuple
-    first: "Bands | None" = None
-
-
 def eligible(settings) -> bool:
-    """Whether verification takes the two-pass route with the scoring pass the bands need: fast
+    """Whether the pilot places windows: verification without a tail, with the scoring pass they need: fast
     distances (float32 GEMMs, not a distance store), no AUC, no tail."""
     spec = settings.verification
-    return (spec is not None and not spec.core and not spec.auc and spec.bands is None
+    return (spec is not None and not spec.core and not spec.auc and spec.windows is None
             and settings.precision == "float32" and settings.metric not in ("distance", "similarity"))
 
 
 def place(store, settings, runner, meta):
-    """``settings`` with bands placed by a pilot run on ``runner``, when ``eligible`` and the bands
-    fit the tail budget; else ``settings`` as given."""
-    from . import graph
-    from .statistics.verify import ENTRY_BYTES
+    """``settings`` with windows placed by a pilot run on ``runner``, when ``eligible``; else
+    ``settings`` as given.  The narrowest windows collect while they fit the tail budget; the others
+    count (capacity 0, from the lowest distance sampled on): their fine counts place a window for one
+    more pass."""
+    from ... import graph
 
     spec = settings.verification
     if not eligible(settings):
@@ -81,62 +69,19 @@ def place(store, settings, runner, meta):
     core = min(n_queries * longest, math.ceil(REACH * max(rates) * n_queries * longest) + 64)
     samples = runner.compute(_pilot(store, settings, runner.plan, meta, ranges, core))
     scale = rows / sum(b - a for a, b in ranges)
-    jobs = []  # (capacity, trial, x, low, high, lowest sampled)
+    jobs = []  # (capacity, trial, low, high, lowest sampled)
     for t in range(settings.n_trials):
         sorted_d, negatives, limits = zip(*[sample[t] for sample in samples])
-        for x, rate in zip(far, rates):
+        for rate in rates:
             edges = band_edges(sorted_d, negatives, limits, rate)
             if edges is not None and edges[0] < edges[1]:
-                jobs.append((math.ceil(edges[2] * sum(negatives) * scale) + 64, t, x, *edges[:2], edges[3]))
-    if not jobs:
-        return settings
-    room = COLLECT_SHARE * spec.tail_budget // ENTRY_BYTES
-    placed = []
-    for capacity, t, x, low, high, lowest in sorted(jobs):  # the smallest bands collect while they fit the budget,
-        room -= capacity  # the others count (and a refinement pass collects the few members their counts single out)
-        placed.append((t, x, low, high, capacity) if room >= 0 else (t, x, max(low, lowest), high, 0))
-    placed.sort(key=lambda job: job[0])
-    bands = Bands(*zip(*[((t, x), low, high, capacity) for t, x, low, high, capacity in placed]))
-    if settings.minmax and not all(bands.capacities):
-        bands = _riding_the_first_pass(bands, spec.tail_budget // ENTRY_BYTES - sum(bands.capacities))
-    return replace(settings, verification=replace(spec, bands=bands))
-
-
-def _riding_the_first_pass(bands: Bands, room: int) -> Bands:
-    """``bands`` with its counting jobs moved to the first pass, and collecting the bands their
-    counts single out in the scoring pass, each with the budget's ``room`` for a buffer (only what
-    they hold takes memory; their capacities, set from the counts, share it: ``Verify.after_first``)."""
-    counting = [job for job, capacity in enumerate(bands.capacities) if not capacity]
-    first = Bands(*(tuple(column[job] for job in counting) for column in (bands.keys, bands.lows, bands.highs,
-                                                                          bands.capacities)))
-    return replace(bands, capacities=tuple(capacity or max(room, 1) for capacity in bands.capacities), first=first)
-
-
-def singled_out(bands: Bands, arrays: dict, ks: dict) -> dict:
-    """Per counting job of ``bands`` whose counts (``arrays``: its state) bracket its target (``ks``:
-    key -> k): key -> (low, high, capacity) of the band that collects the (k+1)-th smallest.  The
-    fast distances below a fine edge e number at most k and those below a fine edge e' at least
-    k + 1, so the canonical ones below e - w at most k and below e' + w at least k + 1 (w: the widest
-    window met); the band [e - w, e' + w) is widened by a fine bin for the bins' rounding.  Its
-    capacity: the fast counts over it, with room."""
-    from .statistics.verify import FINE_BINS, band_jobs
-
-    lows, _, _, scales, _ = band_jobs(bands, 1 + max(t for t, _ in bands.keys))
-    out = {}
-    for job, key in enumerate(bands.keys):
-        k = ks.get(key)
-        if bands.capacities[job] or k is None:
-            continue
-        cum = int(arrays["verify/below"][job]) + np.concatenate([[0], np.cumsum(arrays["verify/fine"][job])])
-        if cum[0] > k or cum[-1] < k + 1:  # the pilot misplaced the range
-            continue
-        margin = 2 * float(arrays["verify/window"][job]) + 1 / scales[job]
-        low = lows[job] + (int(np.searchsorted(cum, k, side="right")) - 1) / scales[job] - margin
-        high = lows[job] + int(np.searchsorted(cum, k + 1, side="left")) / scales[job] + margin
-        first, last = (int(np.clip(math.floor((x - lows[job]) * scales[job]) + shift, 0, FINE_BINS))
-                       for x, shift in ((low, 0), (high, 1)))
-        out[key] = (low, high, math.ceil(1.25 * (cum[last] - cum[first])) + 1024)
-    return out
+                jobs.append((math.ceil(edges[2] * sum(negatives) * scale) + 64, t, *edges[:2], edges[3]))
+    room, placed = spec.tail_budget // ENTRY_BYTES, []
+    for capacity, t, low, high, lowest in sorted(jobs):
+        room -= capacity
+        placed.append((t, low, high, capacity) if room >= 0 else (t, max(low, lowest), high, 0))
+    windows = Windows.of((t, *(int(k) for k in keys_of([low, high])), capacity) for t, low, high, capacity in placed)
+    return replace(settings, verification=replace(spec, windows=windows)) if windows else settings
 
 
 def sample_rows(rows: int, n_pairs: int, rates: list, budget: int) -> int:
@@ -144,11 +89,9 @@ def sample_rows(rows: int, n_pairs: int, rates: list, budget: int) -> int:
     error at target x is about SPREAD x sqrt(1/s - 1/rows) with s rows sampled (the rows' shares
     differ far more than independent pairs would: the queries are all there); its bands, 2 Z SE of
     the ``n_pairs`` pairs each, should fill half the budget.  When that takes more than
-    ONE_PASS_SHARE of the gallery, COUNT_SHARE: the wider ranges then count (``Bands``).  At least
+    ONE_PASS_SHARE of the gallery, COUNT_SHARE: the wider windows then count (``place``).  At least
     MIN_ROWS; but never more than the pilot's tails can hold in the budget (PILOT_BYTES for each
     pair below their reach): its memory does not grow with the gallery."""
-    from .statistics.verify import ENTRY_BYTES
-
     x = budget / ENTRY_BYTES / 2 / (2 * Z * n_pairs * SPREAD * sum(rates))
     one_pass = 1 / (x * x + 1 / rows)
     share = one_pass if one_pass <= ONE_PASS_SHARE * rows else COUNT_SHARE * rows
@@ -196,14 +139,26 @@ def band_edges(sorted_d: tuple, negatives: tuple, limits: tuple, rate: float, z:
             float(grid[0]))
 
 
+def statistic_blocks(store, settings, meta, plan, stat, pass_name: str) -> tuple:
+    """What a pass of the statistic ``stat`` alone needs (the pilot, the selection's further
+    passes): its Scoring, the gallery parts, its PassContext, and per query block (row selection,
+    delayed Rows)."""
+    from ... import graph
+
+    scoring = replace(settings.scoring(store.dim, meta), statistics=(stat,))
+    parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
+    run = graph.PassContext(graph.normalisations(None, None, settings.n_trials), meta)
+    blocks = [(rows, graph.load_queries(store.query, rows, scoring, meta, pass_name))
+              for rows in graph.query_blocks(plan, None, len(store.query))]
+    return scoring, parts, run, blocks
+
+
 def _pilot(store, settings, plan, meta, ranges: list, core: int):
     """Delayed: per range, per trial (its negatives' sorted fast distances below the range tail's
     reach, the range's negatives, that reach)."""
     from dask import delayed
 
-    from . import graph
-    from .statistics.verify import Verify
-    from .verification import statistic_blocks
+    from ... import graph
 
     stat = Verify(settings.n_trials, settings.verification.hist_bits, core, False, False)
     scoring, parts, run, blocks = statistic_blocks(store, settings, meta, plan, stat, "pilot")
@@ -220,8 +175,7 @@ def _range_sample(core: int, *states) -> list:
     """Per trial (sorted fast distances, negatives, reach) of one range's states: its tail holds
     every negative below the core-th smallest fast distance among its entries, or all of them if
     it holds fewer than ``core`` (an overflowed tail: none, reach -inf)."""
-    from .statistics import StatState
-    from .statistics.verify import COUNT, OVERFLOW
+    from ...statistics import StatState
 
     arrays = StatState.concat(list(states)).arrays
     out = []
