@@ -27,7 +27,7 @@ O(workers) states are alive at once, however many chunks the gallery has.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import reduce
 
 import numpy as np

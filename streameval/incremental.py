@@ -16,7 +16,7 @@ evaluation, because it rebuilds exactly the integer state a full evaluation woul
    the positives: the saved ones stand, taken once (not again from a partial re-scoring).  Its AUC
    compares every negative with every positive: with ``auc`` a new positive re-scores every
    query's old rows.  A tail sized for the old gallery may be too short for the new N-: the
-   selection then takes the two-pass route (``verification.report``).
+   selection then takes windows from the histogram (``features.verification.report``).
 3. **Scoring**: the new rows of every query against the merged positives, plus the old rows of the
    re-scored queries.  New state = (re-scored ? their old-rows state : the saved state) merged with
    the new-rows state (``StatState.merge``, field by field), saved atomically as the state's next

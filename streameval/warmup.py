@@ -10,7 +10,8 @@ give every kind of row the protocol knows) with the run's own settings: every sp
 real passes call is compiled or loaded there, which the run books as its phase "compiling kernels".  Nothing
 here names a kernel or a signature: the rehearsal runs the same code as the real run.
 
-Routes chosen by size (verification's tail, bands or two-pass refinement; see ``verification``)
+Routes chosen by size (verification's tail, a pilot's windows or the histogram's; see
+``features.verification``)
 follow the settings, which carry the real run's sizes, but a route that depends on the data may
 still compile later: the runner books that too (``evaluate.Runner``).
 

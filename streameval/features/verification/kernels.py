@@ -57,6 +57,8 @@ ENTRY_BYTES = TAIL_ENTRY_BYTES  # 8 bytes a column; the smallest --tail-budget (
 assert ENTRY_BYTES == 8 * ENTRY
 COUNT, BOUND, OVERFLOW, KNOWN = 0, 1, 2, 3  # header columns
 FINE_BITS = 12  # a window's fine bins: 2^12 of them over its key range
+
+
 def capacity(core: int) -> int:
     """Entries a tail of length ``core`` holds between compactions."""
     return core + max(core // 2, 16)

@@ -71,9 +71,8 @@ def place(targets: list, budget: int) -> tuple:
             window = (max(target.guess[0], target.klow), min(target.guess[1], target.khigh))
             target.guess = None
             window = window if window[0] < window[1] else (target.klow, target.khigh)
-        count = target.top - target.base if window == (target.klow, target.khigh) else None
-        known = jobs.get((target.trial, *window), count)
-        jobs[(target.trial, *window)] = known
+        jobs.setdefault((target.trial, *window), target.top - target.base if window == (target.klow, target.khigh)
+                        else None)
     share = budget // ENTRY_BYTES // len(jobs)
     return Windows.of((t, low, high, share if count is None else min(count, share))
                       for (t, low, high), count in jobs.items())

@@ -17,8 +17,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
-import numpy as np
-
 from ...choices import check_range, is_integer
 from ...errors import OptionError
 from ...plan import format_bytes, parse_bytes
