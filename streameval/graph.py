@@ -36,6 +36,7 @@ from dask import delayed
 from . import kernels, scratch
 from .errors import OptionError, StoreError
 from .gom import DistanceRange, GomOptions, Normalisation
+from .metadata import Metadata
 from .plan import Plan
 from .progress import PAIR_OVERHEAD, RANGE_PAIR_OVERHEAD, pairs_work, read_work, work_key
 from .protocol import Rules, camera_table
@@ -66,16 +67,6 @@ class Scoring:
     @property
     def n_trials(self) -> int:
         return self.rules.n_trials
-
-
-@dataclass(frozen=True)
-class Metadata:
-    """What the protocol needs to know about all rows before scoring (``metadata.build``): drawn
-    trial bits (None: from cameras, per chunk) and the identities sgs draws from (None without sgs)."""
-
-    g_bits: np.ndarray | None = None  # per extended gallery row
-    q_bits: np.ndarray | None = None  # per query row
-    identities: object = None  # statistics.sgs.Identities
 
 
 @dataclass(frozen=True)

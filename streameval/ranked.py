@@ -245,14 +245,14 @@ def _gallery_facts(store, rows: np.ndarray) -> tuple:
 def finalise(store, settings, state, q_bits: np.ndarray, selection: Selection | None) -> "RankedLists":
     """The ranked lists of ``state`` (a ``QueryState`` with the ``topk`` statistic) for the
     settings' ``ranked`` Spec: the worst and best queries and the selected queries' lists."""
-    from . import metrics
+    from .closed_set import query_values
     from .statistics.dedup import dedup_ranks
     from .statistics.slots import restrict
 
     spec, selection = settings.ranked, selection or Selection()
     t, arrays = spec.trial, state.stats.arrays
     positives, slots = restrict(state.positives, arrays["slots/counts"], t)
-    values = metrics.query_values(positives, slots)
+    values = query_values(positives, slots)
     in_trial = ((q_bits >> np.uint64(t)) & np.uint64(1)).astype(bool)
     valid = np.flatnonzero(in_trial & (values["n_positives"] > 0))
     if settings.protocol.cmc == "identity-dedup":
