@@ -1,9 +1,9 @@
-"""Aggregating split-level runs (PROTOCOLS.md section 2): ``streameval aggregate RUN.json ...``.
+"""Aggregating split-level runs (docs/protocols.md#9-split-level-protocols-streameval-aggregate): ``streameval aggregate RUN.json ...``.
 
 Protocols with one model per split (RegDB, classic CUHK03, iLIDS-VID, PRID2011) publish the mean of
 separate evaluations.  This module reads their result JSONs, refuses runs whose numbers were decided
 by different options (naming each field and the runs), and reports for every scalar and every curve
-point the unweighted mean, std (ddof = 1), sem, min, max and count over the runs (section 1.7).
+point the unweighted mean, std (ddof = 1), sem, min, max and count over the runs (docs/protocols.md#reporting-trials).
 
 Settings are compared as a whole: every key of a result's ``options`` dict takes part, so options
 added to results later are compared without a change here.  A null value (a run without open-set

@@ -223,7 +223,7 @@ class _Sectioned(click.Command):
 
 
 def _result_options(defaults: bool):
-    """The options that decide the numbers (METRICS.md section 5).  ``defaults``: eval's defaults;
+    """The options that decide the numbers (docs/options.md).  ``defaults``: eval's defaults;
     otherwise None, meaning "as recorded in the state" (update)."""
     def option(*names, default=None, help, **kwargs):
         if not defaults:
@@ -934,7 +934,7 @@ def _finish_suite(result, json_path, per_query, quiet, summary_format, per_evalu
 def suite_cmd(store, suite, json_path, per_query, quiet, summary_format, per_evaluation, by_severity, plot_path,
               overwrite, state, trials, headline_setting, std_ddof, **options):
     """Evaluate a feature-variant suite: clean, corrupted query, corrupted gallery and both, over
-    trials (CIL-ReID, PROTOCOLS.md section 4), in one pass per gallery variant.
+    trials (CIL-ReID, docs/suites.md), in one pass per gallery variant.
 
     SUITE is a preset, cil-upstream (clean once; per trial independent query, gallery and both
     draws) or cil-factorial (one corrupted draw per side per trial: not upstream-equivalent), or a

@@ -1,7 +1,7 @@
-"""Closed-set metrics from per-query slot counts (METRICS.md section 3).
+"""Closed-set metrics from per-query slot counts (docs/metrics.md#4-closed-set-metrics-cmc-ap-inp).
 
 Closed-set metrics average over Q+ (queries with at least one positive; under the ``zero``
-denominator policy, PROTOCOLS.md 1.4, the sums are divided by all the trial's queries instead):
+denominator policy, docs/protocols.md#8-the-denominator-skip-or-zero, the sums are divided by all the trial's queries instead):
 
 * ``cmc[k-1]`` (CMC@k) = |{q in Q+ : r_1(q) <= k}| / |Q+|, k = 1..max_rank (r_1: the rank of the
   protocol's CMC flavour: first hit, identity-dedup rho, or sgs)

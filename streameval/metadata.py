@@ -1,5 +1,6 @@
 """What a protocol must know about every row before scoring, read from ids alone: drawn trial
-masks (PROTOCOLS.md 1.5-1.6) and the identities single-gallery-shot draws pick from (1.8.3).
+masks (docs/protocols.md#5-trials-and-seeds, #the-seeded-hash) and the identities
+single-gallery-shot draws pick from (docs/protocols.md#cuhk03-sgs).
 
 Protocols without trials or sgs need none of it (trial bits then come from cameras, chunk by
 chunk), so a plain Market evaluation reads no id twice.  Otherwise the ids of every query and

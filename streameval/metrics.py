@@ -31,15 +31,15 @@ class Result:
     options: dict = field(default_factory=dict)
     run: dict = field(default_factory=dict)
     gom: dict | None = None
-    protocol_record: dict | None = None  # the resolved protocol (PROTOCOLS.md section 1)
+    protocol_record: dict | None = None  # the resolved protocol (docs/protocols.md)
     cmc_flavour: str = "first-hit"
     cmc_first_hit: list | None = None  # when the flavour is another
     cmc_sgs_expected: list | None = None  # sgs mode both
     trials: dict | None = None  # per trial (or sgs repeat) values and their spread; headline = means
     directions: dict | None = None  # regdb: each direction's result (to_dict(per_query=True) of each)
     ranked_lists: object = None  # ranked.RankedLists with ranked_list=K: records, worst and best queries
-    open_set: dict | None = None  # with open_set=True: DIR@FPIR (PROTOCOLS.md section 3.5, openset.py)
-    verification: dict | None = None  # with verification=True: TAR@FAR, AUC, ROC (PROTOCOLS.md 3.5, verification.py)
+    open_set: dict | None = None  # with open_set=True: DIR@FPIR (docs/options.md#the-json-result, openset.py)
+    verification: dict | None = None  # with verification=True: TAR@FAR, AUC, ROC (docs/options.md#the-json-result, verification.py)
     warnings: list = field(default_factory=list)  # what the numbers may hide, e.g. a protocol keeping few queries
 
     def rank(self, k: int) -> float | None:
@@ -78,7 +78,7 @@ class Result:
         return {name: {k: v for k, v in d.items() if k != "per_query"} for name, d in self.directions.items()}
 
     def to_dict(self, per_query: bool = False) -> dict:
-        """JSON-ready dict with the keys of METRICS.md section 5 (plus options and run facts)."""
+        """JSON-ready dict with the keys of docs/options.md (plus options and run facts)."""
         out = {
             "result_schema": RESULT_SCHEMA,
             "streameval_version": __version__,

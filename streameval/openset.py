@@ -1,4 +1,4 @@
-"""Open-set identification: DIR at FPIR targets and rank points (PROTOCOLS.md section 3.3).
+"""Open-set identification: DIR at FPIR targets and rank points (docs/open-set.md#definitions).
 
 Liao et al. 2014 (BLUFR ``OpenSetROC.m``), extended to multi-shot galleries, junk, camera rules and
 trials.  Per trial, from the state of the one scoring pass (nothing of size queries x gallery):

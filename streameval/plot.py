@@ -14,7 +14,7 @@ One panel per kind of data, left out when no result has it, one colour per resul
 * GOM mFR against tau (open-set queries);
 * rank-1 and mAP of every trial (results with trials).
 
-A suite result (``streameval suite --json``, PROTOCOLS.md section 4.3) is drawn as a figure of its
+A suite result (``streameval suite --json``, docs/suites.md#the-result-json) is drawn as a figure of its
 own (:func:`suite_figure`): mAP, mINP and R1 per setting, the mean with +- 1 std error bars and each
 trial as a dot, several suites side by side within each setting.  Suites and eval results do not mix.
 
@@ -161,7 +161,7 @@ def curves(result: dict, label: str) -> Curves:
 
 
 def suite_bars(result: dict, label: str) -> SuiteBars:
-    """``result`` (a suite result, COMMON section 3 / PROTOCOLS.md 4.3) as :class:`SuiteBars`;
+    """``result`` (a suite result, COMMON section 3 / docs/suites.md#the-result-json) as :class:`SuiteBars`;
     ValueError, KeyError or TypeError when a value is not what streameval writes."""
     suite = result["suite"]
     settings = suite["settings"]

@@ -1,4 +1,4 @@
-"""Who is kept, positive or negative for a query (PROTOCOLS.md section 1.2), from ids alone.
+"""Who is kept, positive or negative for a query (docs/protocols.md#the-kept-set), from ids alone.
 
 The protocol is a record (``protocols.record.Protocol``); this module applies it to rows:
 

@@ -1,4 +1,4 @@
-"""Ranked lists (PROTOCOLS.md section 5): per query its top-k gallery rows in key order, the
+"""Ranked lists (docs/ranked-lists.md): per query its top-k gallery rows in key order, the
 positives' ranks, and the worst and best queries, from the state of the one scoring pass.
 
 * :class:`Spec` (``ranked_list=K``, ``trial``, ``with_junk``): what the pass keeps, the ``topk``
@@ -43,7 +43,7 @@ GROUP_FORMAT = 1  # of the zarr group's layout (attribute streameval_ranked)
 
 @dataclass(frozen=True)
 class Spec:
-    """What the scoring pass keeps for ranked lists (PROTOCOLS.md 5.1, 5.5)."""
+    """What the scoring pass keeps for ranked lists (docs/ranked-lists.md)."""
 
     k: int
     trial: int = 0
@@ -356,7 +356,7 @@ class RankedLists:
         self.path = path
 
     def file_names(self) -> str:
-        """The plain CSV of PROTOCOLS.md 5.2: per query its top-k in order, one line per item, with
+        """The plain CSV of docs/ranked-lists.md#one-record-per-query-json-lines: per query its top-k in order, one line per item, with
         the query's and the item's image paths (empty without paths) and the item's mark."""
         import csv
         import io

@@ -24,7 +24,7 @@ PROTOCOL_OPTIONS = ("junk_pids", "denominator", "cmc", "trials", "trial_source",
 
 @dataclass(frozen=True)
 class Settings:
-    """The validated options that decide the numbers (METRICS.md section 5, PROTOCOLS.md section 8)."""
+    """The validated options that decide the numbers (docs/options.md, docs/protocols.md#4-changing-a-field-from-the-command-line)."""
 
     metric: str
     protocol: Protocol

@@ -97,7 +97,7 @@ def _parse(line: str, path: str, number: int):
 
 
 def check_record(record, where: str) -> dict:
-    """A record as PROTOCOLS.md 5.2 and the ranked-list format define it, or StoreError naming the
+    """A record as docs/ranked-lists.md#one-record-per-query-json-lines and the ranked-list format define it, or StoreError naming the
     first field that is not."""
     if not isinstance(record, dict):
         raise StoreError(f"{where}: expected a JSON object per query")

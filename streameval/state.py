@@ -38,7 +38,7 @@ class Positives:
 
     ``offsets[i]:offsets[i+1]`` indexes query i's entries in ``dist`` (float64), ``gidx`` (extended
     gallery row, int64) and ``bits`` (uint64: bit t = the positive is in trial t, its query too).
-    ``junk[i, t]`` is the number of trial-t gallery rows excluded for query i (PROTOCOLS.md 1.2).
+    ``junk[i, t]`` is the number of trial-t gallery rows excluded for query i (docs/protocols.md#the-kept-set).
     """
 
     offsets: np.ndarray

@@ -1,4 +1,4 @@
-"""From the reduced state to the reported numbers, trial by trial (PROTOCOLS.md sections 1.3-1.7).
+"""From the reduced state to the reported numbers, trial by trial (docs/protocols.md).
 
 Every trial (T = 1 without trials) is restricted from the superset state (``slots.restrict``) and
 gets every metric of a single evaluation: closed-set values under the denominator policy, the CMC

@@ -1,4 +1,4 @@
-"""Protocols as data (PROTOCOLS.md section 1): ``resolve`` turns a preset name, a protocol file or a
+"""Protocols as data (docs/protocols.md): ``resolve`` turns a preset name, a protocol file or a
 Protocol, plus the command line's overrides, into the one validated record an evaluation uses.
 
 Importable without numpy (``streameval protocols`` answers at once).
@@ -25,7 +25,7 @@ def resolve(spec, *, junk_pids=None, denominator=None, cmc=None, trials=None, tr
     """The protocol ``spec`` names, with the overrides applied (None keeps the spec's value).
 
     ``spec``: a preset name or alias, a .toml / .json protocol file, or a Protocol (checked again).
-    Overrides (PROTOCOLS.md section 8, the CLI options with underscores):
+    Overrides (docs/protocols.md#4-changing-a-field-from-the-command-line, the CLI options with underscores):
 
     * ``junk_pids`` (ints), ``denominator``;
     * ``cmc``: first-hit or identity-dedup; the sgs CMC is neither switched on nor off here (it

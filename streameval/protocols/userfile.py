@@ -1,4 +1,4 @@
-"""User-defined protocols (PROTOCOLS.md section 1.9): a .toml or .json file with the fields of a
+"""User-defined protocols (docs/protocols.md#3-your-own-protocol-file): a .toml or .json file with the fields of a
 protocol record.  Missing fields take ``market``'s values, a missing name the file's stem; a relative
 ``official`` trial table is found beside the file.  Every problem is one OptionError naming the file
 and the key (or the parser's line)."""

@@ -1,4 +1,4 @@
-"""Single-gallery-shot CMC (PROTOCOLS.md section 1.8.3; classic CUHK03).
+"""Single-gallery-shot CMC (docs/protocols.md#cuhk03-sgs; classic CUHK03).
 
 Per query q in Q+, each identity j with kept rows I(q) contributes one drawn row; rho counts the
 identities whose drawn row comes before q's drawn positive.

@@ -19,7 +19,7 @@ checked finite before anything is written, and again as blocks are read (a damag
 is a StoreError, never a number: fill value NaN, crc32c checksums, as for features).
 
 A distance store does not grow: ``append`` and ``update`` refuse it (appending gallery rows would
-change re-ranked distances of the old rows too; PROTOCOLS.md 6.2).
+change re-ranked distances of the old rows too; docs/distances.md#what-applies).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Several feature variants of one set read as a single set (PROTOCOLS.md 4.5).
+"""Several feature variants of one set read as a single set (docs/suites.md#execution-one-pass-per-gallery-variant).
 
 A suite scores every query variant paired with one gallery variant in one pass over that gallery:
 the variants, each over the same n rows, are stacked into one query set of k x n rows.  Row i of the
