@@ -178,13 +178,10 @@ def find_positive_pairs(part: Part, start: int, stop: int, queries: Rows, scorin
 def stored_distances(part: Part, start: int, stop: int, query_index: np.ndarray, scoring: Scoring) -> np.ndarray:
     """A distance store's float64 distances of the queries (rows ``query_index``) to the part's
     rows [start, stop)."""
-    from .store.distances import read_distances
-
     first = int(query_index[0]) if query_index.size else 0
     contiguous = np.array_equal(query_index, np.arange(first, first + query_index.size))
     rows = slice(first, first + query_index.size) if contiguous else query_index
-    return read_distances("similarity" if scoring.similarity else "distance", part.fs.distances, part.fs.name,
-                          rows, start, stop)
+    return part.fs.reader.read(part.fs, rows, start, stop)
 
 
 def exact_source(features: np.ndarray, dots: np.ndarray, scoring: Scoring) -> np.ndarray:
