@@ -16,6 +16,7 @@ from .gom import GomOptions
 from .plan import DEFAULT_MEMORY_BUDGET, parse_bytes
 from .protocol import Rules
 from .protocols.record import Protocol
+from .sources import block_source
 from .store import Store
 
 PROTOCOL_OPTIONS = ("junk_pids", "denominator", "cmc", "trials", "trial_source", "shots", "seed", "sgs_mode",
@@ -114,12 +115,8 @@ class Settings:
         return tuple(stats)
 
     def scoring(self, dim: int, meta) -> graph.Scoring:
-        stats = self.statistics(meta, dim)
-        return graph.Scoring(
-            np.dtype(self.precision), kernels.METRIC_CODES[self.metric], self.rules, self.gom,
-            kernels.dot_error_bound(dim, self.precision), stats, similarity=self.metric == "similarity",
-            first=self.first_statistics(),
-        )
+        return graph.Scoring(np.dtype(self.precision), block_source(self.metric, dim, self.precision), self.rules,
+                             self.gom, self.statistics(meta, dim), first=self.first_statistics())
 
     def first_statistics(self) -> tuple:
         """The statistics riding minmax GOM normalisation's first pass: verification's counting
