@@ -1,20 +1,13 @@
 """Block sources: where the passes' distances come from (``Scoring.source``, one object per run).
 
-The passes (``graph``) ask a source for four things and never how they are made:
-
-* ``prepare(fs, rows, features)``: the float64 terms and norms of rows read for scoring, refusing
-  rows it cannot score exactly;
-* ``block(part, start, stop, queries, chunk, rows)``: the values of the pairs (query rows ``rows`` of
-  the block, the part's rows [start, stop)), each within the window ``kernels.distance_window``
-  gives with the source's ``metric`` and ``c_dot`` (``c_refine``: after ``kernels.refined_dots``);
-* ``exact(qf, values)``: what ``kernels.canonical_distance`` reads as ``qf`` to recompute a pair of
-  ``values`` exactly;
-* ``pair_distances(part, start, stop, queries, qrows, grows)``: the exact distances of listed pairs.
-
-``FeatureSource`` makes the values as GEMM dot products of the features, ``StoredSource`` reads a
-distance store's (exact as read: ``kernels.PRECOMPUTED``, windows of zero).  Another source (distances
-re-ranked from a first-stage source, a GEMM on an accelerator) is another class with these members,
-chosen in ``block_source``; the passes stay as they are.
+The passes (``graph``) ask a source, never how it makes them: ``prepare`` the float64 terms and
+norms of rows read for scoring (refusing rows it cannot score exactly); a ``block`` of values of
+(query rows, the part's rows [start, stop)), each within the window ``kernels.distance_window`` gives
+with the source's ``metric`` and ``c_dot`` (``c_refine`` after ``kernels.refined_dots``); what
+``kernels.canonical_distance`` reads to recompute a pair exactly (``exact``); and the exact distances
+of listed pairs (``pair_distances``).  ``FeatureSource`` makes the values by GEMMs of the features,
+``StoredSource`` reads a distance store's.  Another source (distances re-ranked from a first-stage
+source, a GEMM on an accelerator) is another class with these members, chosen in ``block_source``.
 """
 
 from __future__ import annotations
@@ -71,8 +64,7 @@ class FeatureSource:
         return qf
 
     def pair_distances(self, part, start: int, stop: int, queries, qrows: np.ndarray, grows: np.ndarray) -> np.ndarray:
-        """Canonical distances, reading the part's rows' features; pairs listed an identity at a time
-        keep its queries' and gallery rows' features in cache for all its pairs."""
+        """Canonical distances (the part's rows' features read)."""
         features = read_rows(part.fs, slice(start, stop), queries.features.dtype)[0]
         terms = self.prepare(part.fs, slice(start, stop), features)[0]
         return kernels.pair_distances(queries.features, features, qrows, grows, queries.terms, terms, self.metric)
