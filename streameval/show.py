@@ -313,17 +313,14 @@ def render_page(shown: list[dict], section: dict, source: str, page: str, with_i
 """
 
 
+HEADING_FACTS = {"first_hit_rank": "first hit at rank {}", "inp": "INP {:.4f}", "n_positives": "{} positives",
+                 "rho": "rho {}"}  # a record's optional facts, in the heading when present
+
+
 def _heading(number: int, record: dict) -> str:
     parts = [f"{number}. query {record['query']}", f"pid {record['pid']}", f"camera {record['camid']}",
              f"AP {_number(record.get('ap'))}" if record.get("ap") is not None else "no positive (no AP)"]
-    if record.get("first_hit_rank") is not None:
-        parts.append(f"first hit at rank {record['first_hit_rank']}")
-    if record.get("inp") is not None:
-        parts.append(f"INP {_number(record['inp'])}")
-    if record.get("n_positives") is not None:
-        parts.append(f"{record['n_positives']} positives")
-    if record.get("rho") is not None:
-        parts.append(f"rho {record['rho']}")
+    parts += [text.format(record[key]) for key, text in HEADING_FACTS.items() if record.get(key) is not None]
     return " · ".join(parts)
 
 
