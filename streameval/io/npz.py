@@ -82,13 +82,11 @@ def _read_header(fh):
     """(shape, fortran order, dtype) of a member, through numpy's public format API only (its
     private header reader moved between numpy versions)."""
     version = npy_format.read_magic(fh)
-    if version == (1, 0):
-        return npy_format.read_array_header_1_0(fh)
-    if version == (2, 0):
-        return npy_format.read_array_header_2_0(fh)
-    if version == (3, 0):
-        return _read_header_3_0(fh)
-    raise ValueError(f"unknown .npy format version {version[0]}.{version[1]}")
+    readers = {(1, 0): npy_format.read_array_header_1_0, (2, 0): npy_format.read_array_header_2_0,
+               (3, 0): _read_header_3_0}
+    if version not in readers:
+        raise ValueError(f"unknown .npy format version {version[0]}.{version[1]}")
+    return readers[version](fh)
 
 
 def _read_header_3_0(fh):
@@ -118,14 +116,10 @@ def _read_header_3_0(fh):
 
 
 def _read_exact(fh, nbytes: int) -> bytes:
-    parts, remaining = [], nbytes
-    while remaining:
-        data = fh.read(remaining)
-        if not data:
-            raise EOFError("the data ends before the size its header declares")
-        parts.append(data)
-        remaining -= len(data)
-    return b"".join(parts) if len(parts) != 1 else parts[0]
+    data = fh.read(nbytes)  # a zip member's read(n) returns n bytes unless the member ends first
+    if len(data) < nbytes:
+        raise EOFError("the data ends before the size its header declares")
+    return data
 
 
 def open_source(src: str) -> Source:
