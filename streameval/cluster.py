@@ -103,10 +103,9 @@ def connect(options: ClusterOptions, store=None):
             if options.cluster != "local":
                 raise ClusterError(f"--cluster supports 'local', got {options.cluster!r}")
             _check_local_workers(options)
-            cluster = distributed.LocalCluster(
-                n_workers=options.n_workers, threads_per_worker=options.threads_per_worker,
-                memory_limit=options.memory_limit or "auto", processes=True, env=PIN_ENV, dashboard_address=None,
-            )
+            cluster = distributed.LocalCluster(n_workers=options.n_workers, processes=True, env=PIN_ENV,
+                                               threads_per_worker=options.threads_per_worker,
+                                               memory_limit=options.memory_limit or "auto", dashboard_address=None)
             client = distributed.Client(cluster)
         else:
             client = _client_for(distributed, options)
