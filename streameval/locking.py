@@ -128,7 +128,7 @@ def _acquire(where: str, path: str, creating: bool) -> int | None:
             os.close(fd)
             raise
         if time.monotonic() >= deadline:
-            raise LockError(_busy(path, _holder(where), where))
+            raise LockError(_busy(path, _peek(where), where))
         time.sleep(POLL)
 
 
@@ -146,14 +146,15 @@ def _try_acquire(fd: int, where: str, path: str, creating: bool) -> bool:
     return False
 
 
-def _holder(where: str) -> dict | None:
-    """The record in the lock file ``where`` of the process that keeps us waiting, if any is there."""
+def _peek(where: str, if_held: bool = False) -> dict | None:
+    """The record in the lock file ``where`` (``_record``); None without the file or, ``if_held``,
+    when nobody holds its flock."""
     try:
         fd = os.open(where, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        return _record(fd) or None
+        return None if if_held and _flock(fd, fcntl.LOCK_SH) else _record(fd)
     finally:
         os.close(fd)
 
@@ -266,17 +267,8 @@ def _creator(path: str) -> dict | None:
     with _registry:
         if where in _held:  # this process creates it: its own reads are part of that
             return None
-    try:
-        fd = os.open(where, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if _flock(fd, fcntl.LOCK_SH):
-            return None
-        record = _record(fd)
-        return record if record.get("creating", True) else None  # a record still being written: assume so
-    finally:
-        os.close(fd)
+    record = _peek(where, if_held=True)
+    return record if record is not None and record.get("creating", True) else None  # one being written: assume so
 
 
 # --------------------------------------------------------------------------------------- the reader lock
@@ -305,8 +297,8 @@ class Reading:
 
 def reading(path) -> Reading | None:
     """A reader lock on the store directory at ``path``; None when it cannot be opened (open_store
-    reports that) or its file system locks no directories.  Waits up to ``WAIT`` seconds while the store is being created or replaced, then
-    LockError naming who does it."""
+    reports that) or its file system locks no directories.  Waits up to ``WAIT`` seconds while the
+    store is being created or replaced, then LockError naming who does it."""
     path = os.fspath(path)
     deadline = time.monotonic() + wait_seconds()
     while True:
@@ -318,16 +310,13 @@ def reading(path) -> Reading | None:
         if taken is None:
             os.close(fd)
             return None
-        if taken and _is_linked(fd, path):
-            creator = _creator(path)
-            if creator is None:
-                stat = os.fstat(fd)
-                lock = Reading(fd, (stat.st_dev, stat.st_ino))
-                with _registry:
-                    _readers.setdefault(lock.key, weakref.WeakSet()).add(lock)
-                return lock
-        else:
-            creator = _creator(path) or {}
+        creator = _creator(path)
+        if taken and _is_linked(fd, path) and creator is None:
+            stat = os.fstat(fd)
+            lock = Reading(fd, (stat.st_dev, stat.st_ino))
+            with _registry:
+                _readers.setdefault(lock.key, weakref.WeakSet()).add(lock)
+            return lock
         os.close(fd)
         if time.monotonic() >= deadline:
             doing = f"by {_describe(creator)}" if creator else "by another process"
