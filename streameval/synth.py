@@ -54,6 +54,7 @@ corrupted > gallery corrupted > both (about 0.83, 0.70-0.75, 0.65, 0.50-0.56).
 
 from __future__ import annotations
 
+import colorsys
 import contextlib
 import math
 import os
@@ -288,11 +289,7 @@ SKIN = (224, 180, 150)
 
 def _hsv(hue: float, saturation: float, value: float) -> np.ndarray:
     """One RGB colour (uint8) from hue, saturation and value in [0, 1]."""
-    i = int(hue * 6) % 6
-    f = hue * 6 - int(hue * 6)
-    p, q, t = value * (1 - saturation), value * (1 - f * saturation), value * (1 - (1 - f) * saturation)
-    rgb = [(value, t, p), (q, value, p), (p, value, t), (p, q, value), (t, p, value), (value, p, q)][i]
-    return np.round(255 * np.array(rgb)).astype(np.uint8)
+    return np.round(255 * np.array(colorsys.hsv_to_rgb(hue, saturation, value))).astype(np.uint8)
 
 
 def _clothes(pid: int, row: int) -> tuple[np.ndarray, np.ndarray]:
