@@ -39,10 +39,6 @@ class Member:
     def _error(self, exc: Exception) -> StoreError:
         return StoreError(f"cannot read '{self.name}' from '{self.src}': {exc}")
 
-    @property
-    def row_items(self) -> int:
-        return int(np.prod(self.shape[1:], dtype=np.int64))
-
     def blocks(self, step: int):
         """Yield consecutive blocks of ``step`` rows (the last one shorter)."""
         try:
@@ -71,7 +67,7 @@ class Member:
             return
         with self.zf.open(self.info) as fh:
             _read_header(fh)
-            row_bytes = self.row_items * self.dtype.itemsize
+            row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
             for start in range(0, n, step):
                 rows = min(step, n - start)
                 data = _read_exact(fh, rows * row_bytes)
