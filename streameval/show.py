@@ -200,7 +200,8 @@ def _paths_from_store(shown: list[dict], store_path: str) -> None:
     def set_row(record: dict, entry: dict) -> tuple[str, int]:
         if entry is record:
             return "query", record["query"]
-        return ("gallery", entry["gallery"]) if entry["gallery"] < n_gallery else ("query", entry["gallery"] - n_gallery)
+        row = entry["gallery"]
+        return ("gallery", row) if row < n_gallery else ("query", row - n_gallery)
 
     # (set, row) -> (pid, camid) as the lists say
     said = {set_row(record, entry): (entry["pid"], entry["camid"]) for record in shown for entry in entries(record)}
