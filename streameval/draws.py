@@ -302,8 +302,7 @@ def _listed_ordinals(table, t, pid, cam, group_size) -> np.ndarray:
     """The table's images for a gallery group in trial t, checked against the group's size."""
     entry = table.entries.get((t, cam, pid))
     if entry is None:
-        raise OptionError(f"{table.path}: trial {t} has no line for pid {pid} camera {cam}, "
-                          "which the gallery holds")
+        raise OptionError(f"{table.path}: trial {t} has no line for pid {pid} camera {cam}, which the gallery holds")
     if max(entry.images) > group_size:
         raise OptionError(f"{table.path} line {entry.line}: image {max(entry.images)} of pid {pid} camera "
                           f"{cam}, but the gallery holds {group_size} images of that pid and camera")

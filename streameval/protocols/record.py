@@ -194,8 +194,7 @@ def _check_combinations(protocol: Protocol) -> None:
     gallery = protocol.gallery_cameras
     outside = [c for c in trials.cameras if gallery is not None and c not in gallery]
     if outside:
-        raise OptionError(f"trials.cameras: camera {outside[0]} is not among gallery_cameras "
-                          f"{list(gallery)}")
+        raise OptionError(f"trials.cameras: camera {outside[0]} is not among gallery_cameras {list(gallery)}")
 
 
 def _trials(spec: TrialSpec) -> TrialSpec:
