@@ -269,8 +269,9 @@ def _result_options(defaults: bool, features=REGISTRY):
                help="cuhk03-sgs: torchreid's rule (default) or open-reid's separate camera sets."),
         option("--direction", type=click.Choice(["both", "v2t", "t2v"]), help="regdb: which directions to run (default both)."),
     )
-    return _options(metrics, protocol, *(_section(feature.help_section, *(_flag(flag, defaults) for flag in feature.flags))
-                                         for feature in features if feature.help_section != "Metrics"))
+    groups = [_section(feature.help_section, *(_flag(flag, defaults) for flag in feature.flags))
+              for feature in features if feature.help_section != "Metrics"]
+    return _options(metrics, protocol, *groups)
 
 
 def _flag(flag, defaults: bool):

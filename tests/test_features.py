@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from streameval.graph import Metadata
+from streameval.metadata import Metadata
 from streameval.settings import Settings
 
 OPEN_SET = {"fpir": ["0.05"], "ranks": [1, 3], "rounding": "floor"}

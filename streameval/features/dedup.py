@@ -1,5 +1,5 @@
-"""The identity-dedup CMC (docs/protocols.md#cmc-flavours: SYSU-MM01's): on with the protocol's ``cmc``,
-each query's first distinct identities per trial, up to max_rank, ride the scoring pass."""
+"""The identity-dedup CMC (docs/protocols.md#cmc-flavours: SYSU-MM01's): on with the protocol's
+``cmc``, each query's first distinct identities per trial, up to max_rank, ride the scoring pass."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""GOM open-set metrics (docs/metrics.md#5-open-set-metrics-gom): the options, the threshold histograms' statistic,
-the state key and the summary lines; the curves are computed with the closed-set values per trial."""
+"""GOM open-set metrics (docs/metrics.md#5-open-set-metrics-gom): the options, the threshold
+histograms' statistic, the state key and the summary lines; the curves are computed with the
+closed-set values per trial."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Open-set identification (docs/open-set.md#definitions): DIR at FPIR targets and
-ranks, from each query's nearest item counted in the scoring pass."""
+"""Open-set identification (docs/open-set.md#definitions): DIR at FPIR targets and ranks, from each
+query's nearest item counted in the scoring pass."""
 
 from __future__ import annotations
 

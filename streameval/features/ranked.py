@@ -1,5 +1,5 @@
-"""Ranked lists (docs/ranked-lists.md): each query's top-K kept in the
-scoring pass, written as files beside the result."""
+"""Ranked lists (docs/ranked-lists.md): each query's top-K kept in the scoring pass, written as
+files beside the result."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Pair-level verification (docs/verification.md#definitions): TAR at FAR targets,
-AUC, ROC / DET.  Its section is made while the run's session is open (``verification.report``:
-further passes may refine it), and its counting bands ride GOM's first pass (``Settings.first_statistics``)."""
+"""Pair-level verification (docs/verification.md#definitions): TAR at FAR targets, AUC, ROC / DET.
+Its section is made while the run's session is open (``verification.report``: further passes may
+refine it), and its counting bands ride GOM's first pass (``Settings.first_statistics``)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ class Verification(Feature):
     def parse(self, base, store, options: dict):
         from ..verification import Spec, pair_bound
 
-        return Spec.parse(options.pop("verification", None), None if store is None else pair_bound(store, base.protocol),
-                          base.n_trials)
+        bound = None if store is None else pair_bound(store, base.protocol)
+        return Spec.parse(options.pop("verification", None), bound, base.n_trials)
 
     def statistics(self, settings, meta, dim: int) -> tuple:
         spec = settings.verification
@@ -48,6 +48,6 @@ class Verification(Feature):
     def point_values(self, point) -> list:
         return [(("tar",), "TAR"), (("achieved_far",), "achieved FAR")]
 
-    def aggregate(self, first, points, statistics) -> tuple[dict, dict]:  # no curves: each run's ROC has its own thresholds
+    def aggregate(self, first, points, statistics) -> tuple[dict, dict]:  # no curves: each run's ROC is its own
         stats = {"auc": statistics(("auc",))}
         return {"points": points, "auc": stats["auc"]["mean"], "curves": None}, stats
