@@ -208,13 +208,13 @@ def evaluate(
     ``query_distances`` (query x query, same kind) for protocols that need it, as a distance store.
 
     ``protocol``: a preset name (``streameval protocols`` lists them), a .toml / .json protocol
-    file, or a ``protocols.Protocol``; its fields can be overridden (PROTOCOLS.md section 8):
+    file, or a ``protocols.Protocol``; its fields can be overridden (docs/protocols.md#4-changing-a-field-from-the-command-line):
     ``junk_pids``, ``denominator``, ``cmc``, ``trials``, ``trial_source``, ``shots``, ``seed``,
     ``sgs_mode``, ``sgs_repeats``, ``camera_rule``, ``direction``.  With trials (or sgs repeats) the
     headline values are the trials' means and ``result.trials`` holds each trial and the spread
     (std with ``std_ddof``).  A protocol with two directions (regdb) gives ``result.directions``.
 
-    GOM open-set metrics (``gom_*`` options, METRICS.md section 4) are computed unless ``no_gom``.
+    GOM open-set metrics (``gom_*`` options, docs/metrics.md#5-open-set-metrics-gom) are computed unless ``no_gom``.
 
     The other keywords (``EXECUTION_DEFAULTS``) never change a number.  Chunks: ``query_block``
     queries x ``gallery_chunk`` gallery rows per task, by default planned from ``memory_budget``
@@ -231,14 +231,14 @@ def evaluate(
     later score only the gallery rows appended since (an existing state is replaced only with
     ``overwrite_state``).
 
-    ``ranked_list=K``: also keep each query's top-K ranked list (PROTOCOLS.md section 5, in the same
+    ``ranked_list=K``: also keep each query's top-K ranked list (docs/ranked-lists.md, in the same
     pass) of trial ``trial`` (default 0), with the excluded rows before the K-th kept one if
     ``with_junk``; ``result.ranked_lists`` holds the lists of the queries ``queries`` selects
     ("all", "worst:N", "best:N", "ids:3,7"; worst and best by ``sort_by``: "ap", "inp" or "rank"),
     with every positive's rank if ``with_positives`` (docs/ranked-lists.md).
 
-    ``verification=True``: also pair-level verification, ``result.verification`` (PROTOCOLS.md
-    section 3.2): TAR at the FAR targets ``far`` (default 1e-4, 1e-3, 1e-2; exact decimals) with the
+    ``verification=True``: also pair-level verification, ``result.verification``
+    (docs/verification.md#definitions): TAR at the FAR targets ``far`` (default 1e-4, 1e-3, 1e-2; exact decimals) with the
     achieved FAR and threshold, the AUC if ``auc``, ROC / DET points at ``hist_bits`` resolution;
     one pass when the tail of smallest negatives fits ``tail_budget`` bytes (default 64 MiB), else
     an exact refinement in further passes (docs/verification.md).
@@ -246,7 +246,7 @@ def evaluate(
     ``query_variant``, ``gallery_variant``: evaluate these feature variants of the store's sets
     (docs/variants.md) instead of the clean features, e.g. one evaluation of a suite.
 
-    ``open_set=True``: also open-set identification, ``result.open_set`` (PROTOCOLS.md section 3.3,
+    ``open_set=True``: also open-set identification, ``result.open_set`` (docs/open-set.md#definitions,
     in the same pass): DIR at the FPIR targets ``fpir`` (default 0.001, 0.01, 0.1; exact decimals)
     and ranks ``dir_ranks`` (default 1, 5, 10, 20), k rounded as ``fpir_rounding`` ("round": half
     up, as Liao; or "floor") (docs/open-set.md).
@@ -263,8 +263,9 @@ def evaluate(
     variants = options.pop("query_variant", None), options.pop("gallery_variant", None)
     execution = Execution.from_options("evaluate", options)
     store = as_store(data, storage_options)
-    settings = Settings.parse(store, metric, protocol, max_rank, precision, no_gom, gom_norm, gom_bins, gom_b,
-                              gom_vp, std_ddof, ranked, open_set=open_set, verification=verification, **overrides)
+    settings = Settings.parse(store, metric, protocol, max_rank, precision, std_ddof, no_gom=no_gom, gom_norm=gom_norm,
+                              gom_bins=gom_bins, gom_b=gom_b, gom_vp=gom_vp, ranked=ranked, open_set=open_set,
+                              verification=verification, **overrides)
     store = with_variants(store, settings.protocol, *variants)
     if len(settings.protocol.directions) == 2:
         if state is not None:
@@ -389,11 +390,15 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner: Run
     ``run_facts``, and the time of each phase of ``runner.phases``, this one ("metrics") included,
     with numba's compiling or loading of kernels the rehearsal did not meet named apart.
     With ranked lists, the lists of the queries ``selection`` (a ``ranked.Selection``) names;
-    ``verification``: the section ``verification.report`` made while the session was open."""
-    from . import openset, trials
+    ``verification``: the section ``verification.report`` made while the session was open (its
+    refinement may take further passes); each other feature's section is made here (``Feature.finalise``)."""
+    from . import trials
+    from .features import REGISTRY
     from .store import read_ids
 
     meta = meta or graph.Metadata()
+    finalising = [feature for feature in REGISTRY
+                  if feature.finalise is not None and getattr(settings, feature.name) is not None]
     with compile_timer() as compiling:
         q_cam = read_ids(store.query)[1]
         q_bits = meta.q_bits if meta.q_bits is not None else settings.rules.camera_bits(
@@ -401,14 +406,13 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner: Run
         norms = graph.normalisations(settings.gom, state.dist_range, settings.n_trials)
         found, extras = trials.entries(state, settings, q_bits, q_cam, meta, norms)
         values, block = trials.headline(found, settings.max_rank, settings.std_ddof)
-        open_set = None if settings.open_set is None else openset.finalise(state, settings, q_bits)
+        sections = {"gom": values["gom"], "verification": verification}
+        for feature in (feature for feature in finalising if feature.phase is None):
+            sections[feature.name] = feature.finalise(store, settings, state, q_bits, selection)
     runner.phases.lap("metrics", carved={COMPILING: compiling.seconds} if compiling.seconds else None)
-    ranked_lists = None
-    if settings.ranked is not None:
-        from .ranked import finalise
-
-        ranked_lists = finalise(store, settings, state, q_bits, selection)
-        runner.phases.lap("ranked lists")
+    for feature in (feature for feature in finalising if feature.phase is not None):
+        sections[feature.name] = feature.finalise(store, settings, state, q_bits, selection)
+        runner.phases.lap(feature.phase)
     per_query = found[0]["per_query"] if len(found) == 1 else {
         name: np.stack([entry["per_query"][name] for entry in found]) for name in found[0]["per_query"]}
     cmc = values["cmc"]
@@ -417,8 +421,7 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner: Run
         n_open_queries=values["n_open_queries"], n_gallery=state.gallery_rows, metric=settings.metric,
         protocol=settings.protocol.name, max_rank=settings.max_rank, per_query=per_query,
         cmc=None if cmc is None else np.asarray(cmc), mAP=values["mAP"], mAP_trapezoid=values["mAP_trapezoid"],
-        mINP=values["mINP"], gom=values["gom"],
-        options={"precision": settings.precision, "std_ddof": settings.std_ddof},
+        mINP=values["mINP"], options={"precision": settings.precision, "std_ddof": settings.std_ddof},
         run={
             "query_block": runner.plan.query_block, "gallery_chunk": runner.plan.gallery_chunk,
             "workers": runner.plan.workers, "scheduler": runner.where, "bytes_read": bytes_read,
@@ -426,8 +429,8 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner: Run
         },
         protocol_record=settings.protocol.to_record(), cmc_flavour=settings.protocol.cmc, cmc_first_hit=values["cmc_first_hit"],
         cmc_sgs_expected=None if extras.get("cmc_sgs_expected") is None else list(map(float, extras["cmc_sgs_expected"])),
-        trials=block, ranked_lists=ranked_lists, open_set=open_set, verification=verification,
-        warnings=camera_set_warnings(store, settings.protocol, q_cam),
+        trials=block, warnings=camera_set_warnings(store, settings.protocol, q_cam),
+        **{feature.result_field: sections.get(feature.name) for feature in REGISTRY if feature.result_field},
     )
 
 

@@ -1,4 +1,4 @@
-"""Running a suite (PROTOCOLS.md 4.5): one pass per gallery variant.
+"""Running a suite (docs/suites.md#execution-one-pass-per-gallery-variant): one pass per gallery variant.
 
 For each gallery variant, every query variant paired with it is stacked into one query set
 (``store.stack``): each gallery chunk of that variant is read once per query block and scored

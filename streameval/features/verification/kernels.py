@@ -1,6 +1,6 @@
-"""Pair-level verification's kernels (PROTOCOLS.md 3.2, 3.6): the kept negative pairs of all
-queries, per trial, as an additive histogram, a tail of the smallest ones, the AUC sum, and the
-windows of the exact selection (``statistic``, ``select``).
+"""Pair-level verification's kernels (docs/verification.md#definitions, #how-it-is-computed): the
+kept negative pairs of all queries, per trial, as an additive histogram, a tail of the smallest
+ones, the AUC sum, and the windows of the exact selection (``statistic``, ``select``).
 
 Keys and bins.  ``key(d)`` is the order-preserving uint64 of a float64 distance (-0.0 taken as
 +0.0; non-negative values get the sign bit set, negative values are bit-inverted), and its top B

@@ -1,4 +1,4 @@
-"""Verification's report (PROTOCOLS.md 3.2, 3.5, 3.6): TAR@FAR, AUC, ROC and DET curves, and the
+"""Verification's report (docs/verification.md#how-it-is-computed, #in-the-result-json): TAR@FAR, AUC, ROC and DET curves, and the
 passes the exact selection takes (``select``): one loop, place, pass, resolve.
 
 :func:`report` (run while the session is open) resolves each target from its trial's tail when it

@@ -1,4 +1,4 @@
-"""Verification's exact selection (PROTOCOLS.md 3.2): each target's (k+1)-th smallest negative
+"""Verification's exact selection (docs/verification.md#definitions): each target's (k+1)-th smallest negative
 distance n_(k+1) and #{neg < n_(k+1)}, from the tail or from windows (``statistic``).
 
 Each target keeps an exact bracket, a key range [low, high) with #{neg < low} <= k < #{neg < high}
