@@ -399,7 +399,8 @@ def _offer_row(blk, i, near, found, q, tail, core, bound, windows, first, last, 
     A window counts a pair below it when certainly so, else the pair's canonical distance decides
     between below, inside and above.  Inside, it counts the pair in its fine bin (the canonical
     distance's key, shifted) and collects it as an exact member (w = 0, into this task's buffer)
-    while ``taken`` (counted over the chain) is below the capacity.  (One loop, no helper: each call
+    while ``taken`` (counted over the chain) is below the capacity; once it is not, a pair whose
+    whole error window lies in one fine bin is counted there without its canonical distance.  (One loop, no helper: each call
     of a helper taking the arrays would cost their reference counts, more than the pair's work.)"""
     lows, highs, klows, shifts, capacities = windows[:5]
     cell_bits = cell.view(np.uint64)
@@ -413,6 +414,12 @@ def _offer_row(blk, i, near, found, q, tail, core, bound, windows, first, last, 
             if d + w < lows[b]:
                 below[b] += 1
             elif d - w < highs[b]:
+                if taken[b] >= capacities[b] and lows[b] <= d - w and d + w < highs[b]:  # not collecting: the
+                    sh = np.uint64(shifts[b])  # fine bin from the fast distance when its window lies in one
+                    sub = (_key(cell, cell_bits, d - w) - klows[b]) >> sh
+                    if sub == (_key(cell, cell_bits, d + w) - klows[b]) >> sh:
+                        fine[b, np.int64(min(sub, last_bin))] += 1
+                        continue
                 if exact != exact:
                     exact = _canonical(blk, i, j)
                 if exact < lows[b]:
