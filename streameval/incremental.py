@@ -30,25 +30,26 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 from dask import delayed
 
 from . import graph
-from .evaluate import Runner, as_store, gallery_metadata, make_result, session
-from .settings import PROTOCOL_OPTIONS, Execution, Settings
+from .locking import writing
 from .openset import OPEN_SET_OPTIONS
 from .openset import request as open_set_request
-from .locking import writing
+from .pipeline import as_store, result, run_passes
 from .progress import Phases
 from .ranked import RANKED_OPTIONS, request
-from .verification import VERIFY_OPTIONS
-from .verification import report as verification_report
-from .verification import request as verification_request
+from .session import Runner, session
+from .settings import PROTOCOL_OPTIONS, Execution, Settings
 from .state import Positives, QueryState
 from .statestore import check_matches, check_updatable, load_state, save_state
 from .statistics import StatState
 from .store import Store
+from .verification import VERIFY_OPTIONS
+from .verification import request as verification_request
 
 
 def update(
@@ -108,31 +109,29 @@ def update(
                                             "open_set": open_set, "verification": verification}, **overrides)
         check_updatable(settings)
         query_hash = check_matches(saved, store, settings)
-        meta = gallery_metadata(store, settings)  # Metadata(): updatable protocols draw nothing
         with session(store, settings, execution, phases, label="streameval update") as runner:
-            new, facts, read, pairs = advance(store, settings, runner, saved.query_state, meta)
-            verified = verification_report(store, settings, new, runner, meta)
-        if facts["rows_added"]:
-            save_state(state, store, settings, new, query_hash)
+            passes = run_passes(store, settings, runner, partial(advance, saved=saved.query_state), bands=False)
+        if passes.facts["rows_added"]:
+            save_state(state, store, settings, passes.state, query_hash)
             phases.lap("saving state")
-        return make_result(store, settings, new, runner, read, pairs, meta, selection, verification=verified,
-                           update=facts)
+        return result(store, passes, runner, selection)
 
 
-def advance(store: Store, settings: Settings, runner: Runner, saved: QueryState, meta: graph.Metadata):
-    """(state, facts, bytes read, pairs scored): the ``saved`` state over every row of the store's
+def advance(store: Store, settings: Settings, runner: Runner, saved: QueryState):
+    """(state, bytes read, pairs scored, facts): the ``saved`` state over every row of the store's
     extended gallery, scored on ``runner`` (its plan the store's); as saved when nothing was added."""
     parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
     # the saved counts under this run's statistics (the same fields: check_matches compared the options)
-    old = replace(saved, stats=StatState(settings.statistics(meta, store.dim), saved.stats.arrays))
+    old = replace(saved, stats=StatState(settings.statistics(runner.meta, store.dim), saved.stats.arrays))
     if graph.extended_rows(parts) == old.gallery_rows:
-        return old, _facts(old, old, np.empty(0), np.empty(0)), 0, 0
-    return extend(store, settings, runner, old, parts, meta)
+        return old, 0, 0, _facts(old, old, np.empty(0), np.empty(0))
+    return extend(store, settings, runner, old, parts)
 
 
-def extend(store: Store, settings: Settings, runner: Runner, old: QueryState, parts: tuple, meta: graph.Metadata):
-    """(state over every row of the extended gallery ``parts``, facts about the update, bytes read,
-    pairs scored)."""
+def extend(store: Store, settings: Settings, runner: Runner, old: QueryState, parts: tuple):
+    """(state over every row of the extended gallery ``parts``, bytes read, pairs scored, facts about
+    the update)."""
+    meta = runner.meta
     scoring = settings.scoring(store.dim, meta)
     plan, n0, n1 = runner.plan, old.gallery_rows, graph.extended_rows(parts)
     blocks = graph.positives_pass(store.query, parts, plan, scoring, meta, start=n0)
@@ -167,7 +166,7 @@ def extend(store: Store, settings: Settings, runner: Runner, old: QueryState, pa
     base = StatState.scatter(scoring.statistics, merged.offsets, pieces)
     new = QueryState(merged, StatState.merge(base, StatState.concat(new_rows)), dist_range, n1)
     read = _bytes_read(store, settings, plan, parts, found, old_rows, n0, n1, rescored.size)
-    return new, _facts(old, new, affected, rescored), read, len(store.query) * (n1 - n0) + rescored.size * n0
+    return new, read, len(store.query) * (n1 - n0) + rescored.size * n0, _facts(old, new, affected, rescored)
 
 
 def _with_globals(state: StatState, keep: bool) -> StatState:

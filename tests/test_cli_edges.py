@@ -365,7 +365,7 @@ def test_every_size_option_reads_the_same_units(store, monkeypatch):
 
     from streameval import verification
 
-    engine = importlib.import_module("streameval.evaluate")  # the module: the package exports the function
+    engine = importlib.import_module("streameval.session")  # the module that plans the run
 
     seen = {}
     planned, checked = engine.make_plan, verification.check_memory

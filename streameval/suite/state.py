@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 
 from ..statestore import StateError
-from ..evaluate import as_store, gallery_metadata, oriented, run_plan, session
+from ..pipeline import as_store, gallery_metadata, oriented, run_passes
+from ..session import run_plan, session
 from ..locking import writing
 from ..outputs import check_directory, check_folder, write_text
 from ..settings import Execution
 from ..progress import Phases
 from .plan import Suite
-from .run import SuiteResult, open_groups, split_results, stacked_view, suite_result, suite_settings
+from .views import SuiteResult, open_groups, split_results, stacked_view, suite_result, suite_settings
 
 RECORD = "suite.json"
 GROUP_PREFIX = "gallery-"
@@ -87,22 +89,23 @@ def update_suite(data, state, *, storage_options: dict | None = None, **options)
         suite = load_suite_record(state)
         settings = suite_settings(store, suite)
         base = oriented(store, settings.protocol)
-        meta = gallery_metadata(base, settings)  # from the clean rows: the variants share their ids
         groups = open_groups(store, settings, suite)
         saved = {g: load_state(group_folder(state, g)) for (g, _), _ in groups}
         by_pair, passes, facts = {}, 0, {}
-        with session(stacked_view(base, *groups[0]), settings, execution, phases,
-                     label="streameval suite update") as runner:
+        # the metadata from the clean rows: the variants share their ids
+        with session(stacked_view(base, *groups[0]), settings, execution, phases, "streameval suite update",
+                     gallery_metadata(base, settings)) as runner:
             for gallery, queries in groups:
                 view = stacked_view(base, gallery, queries)
                 query_hash = check_matches(saved[gallery[0]], view, settings)
                 runner.plan = run_plan(view, settings, execution, runner.plan.workers)
-                new, done, _, _ = advance(view, settings, runner, saved[gallery[0]].query_state, meta)
-                if done["rows_added"]:
-                    facts[gallery[0]] = done
+                done = run_passes(view, settings, runner, partial(advance, saved=saved[gallery[0]].query_state),
+                                  bands=False)
+                if done.facts["rows_added"]:
+                    facts[gallery[0]] = done.facts
                     passes += len(runner.plan.query_ranges(len(view.query)))
-                    save_group(state, view, settings, new, gallery[0], query_hash)
-                by_pair.update(split_results(base, settings, runner, gallery, queries, new, 0, meta))
+                    save_group(state, view, settings, done.state, gallery[0], query_hash)
+                by_pair.update(split_results(base, settings, runner, gallery, queries, done.state, 0))
         result = suite_result(store, settings, suite, by_pair, passes, phases)
         result.execution["update"] = facts
         return result

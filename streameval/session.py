@@ -1,0 +1,179 @@
+"""Where and in which chunks a run's graphs are computed: :func:`session` connects (``cluster``),
+plans the chunks within the memory budget (:func:`run_plan`) and compiles the kernels by a
+rehearsal (:func:`rehearse`), yielding a :class:`Runner`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager, nullcontext
+from dataclasses import replace
+
+import dask
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from . import scratch, tiny
+from .cluster import connect
+from .pipeline import gallery_metadata, result, run_passes
+from .plan import check_state_memory, make_plan, parse_bytes
+from .progress import COMPILING, Bar, Phases, Reporter, ThreadedProgress, compile_timer, compile_watch, compute_distributed
+from .settings import Execution, Settings
+from .store import Store
+
+
+class Runner:
+    """A connected session: the chunk plan, the gallery metadata every pass reads (``meta``), and the
+    graphs of a run computed on the chosen scheduler under one progress bar (``bar``, None without
+    progress).  The run's time is split in ``phases``: "setup", "compiling kernels"
+    (``compile_kernels``), then "passes" (the bar's time) from the first compute until ``close``, less
+    what numba still compiled meanwhile (``compiled``: also booked as "compiling kernels", the bar
+    says "compiling kernels" while it happens)."""
+
+    def __init__(self, client, plan, phases: Phases, bar: Bar | None, meta=None):
+        self.client, self.plan, self.phases, self.bar, self.meta = client, plan, phases, bar, meta
+        self.where = client.scheduler.address if client else "threads"
+        self.running = False
+        self.compiled = 0.0
+
+    def compile_kernels(self, store: Store, settings: Settings) -> None:
+        """Compile (or load from numba's cache) every kernel the run will call, before its passes,
+        by a rehearsal on a tiny problem (``rehearse``): a phase of its own."""
+        self.phases.lap("setup")
+        with self.bar.compiling() if self.bar is not None else nullcontext():
+            rehearse(store, settings)
+        self.phases.lap(COMPILING)
+
+    def expect(self, pass_name: str, work: int) -> None:
+        """Announce the work of a pass a later compute will run (``Bar.expect``)."""
+        if self.bar is not None:
+            self.bar.expect(pass_name, work)
+
+    def compute(self, built):
+        """Run a delayed graph on the threaded scheduler (BLAS pinned to one thread meanwhile) or the client."""
+        keys = self.bar.add_graph(built.__dask_graph__()) if self.bar is not None else []
+        if not self.running:
+            self.running = True
+            started = self.phases.lap("setup")
+            if self.bar is not None:
+                self.bar.start(started)
+        with compile_timer() as compiling, compile_watch(self.bar):
+            done = self._run(built, keys)
+        self.compiled += compiling.seconds  # (the timer adds up as its block ends)
+        return done
+
+    def _run(self, built, keys: list):
+        if self.client is None:
+            watch = ThreadedProgress(self.bar) if self.bar is not None else nullcontext()
+            try:
+                with threadpool_limits(limits=1, user_api="blas"), watch:
+                    # the scheduler itself, not "threads": naming one makes dask import distributed (0.3 s)
+                    return dask.compute(built, scheduler=dask.threaded.get, num_workers=self.plan.workers)[0]
+            finally:
+                scratch.release()
+        if self.bar is None:
+            return self.client.compute(built).result()
+        return compute_distributed(self.client, built, keys, self.bar.finished)
+
+    def close(self, completed: bool) -> None:
+        """End the phase under way: the passes (and the bar: its 100% line if ``completed``), or the
+        setup if nothing was computed."""
+        now = self.phases.lap("passes" if self.running else "setup",
+                              carved={COMPILING: self.compiled} if self.compiled else None)
+        if self.bar is not None and self.running:
+            if completed:
+                self.bar.close(now)
+            else:
+                self.bar.reporter.abandon()
+
+
+@contextmanager
+def session(store: Store, settings: Settings, execution: Execution, phases: Phases, label: str = "streameval",
+            meta=None):
+    """Connect (checked, see ``cluster.connect``), read the gallery metadata (``meta`` if given: a
+    suite's stacked variants take the clean rows'), plan the chunks and compile the kernels; yield a
+    :class:`Runner` whose progress bar is labelled ``label``.  Closing a cluster we connected to is a
+    phase of its own."""
+    with connect(execution.cluster, store) as client:
+        client = client or _active_client()
+        workers = execution.workers or (sum(client.nthreads().values()) if client else os.cpu_count() or 1)
+        meta = gallery_metadata(store, settings) if meta is None else meta
+        runner = Runner(client, run_plan(store, settings, execution, workers), phases,
+                        _progress_bar(execution.progress, label, workers), meta)
+        try:
+            runner.compile_kernels(store, settings)
+            yield runner
+        except BaseException:
+            runner.close(completed=False)
+            raise
+        runner.close(completed=True)
+    if execution.cluster.distributed:
+        phases.lap("closing cluster")
+
+
+_rehearsed: set = set()  # what this process rehearsed already: its kernels are in memory
+
+
+def rehearse(store, settings) -> bool:
+    """Evaluate a tiny problem shaped like ``store`` with ``settings`` (one direction, as the
+    session runs it): every kernel the real run calls is compiled or loaded from numba's cache.
+    False when the rehearsal cannot run for these settings (then the passes compile, and say so)."""
+    from .bands import eligible
+
+    shape = tiny.shape_of(store)
+    key = (settings, *shape.items())
+    if key in _rehearsed:
+        return True
+    try:
+        tiny_settings = replace(settings, protocol=tiny.without_tables(settings.protocol))
+        problem = tiny.tiny_store(tiny_settings.protocol, **shape)
+        execution = Execution(query_block=len(problem.query), gallery_chunk=tiny.TINY_CHUNK)
+        meta = gallery_metadata(problem, tiny_settings)
+        runner = Runner(None, run_plan(problem, tiny_settings, execution, 2), Phases(), None, meta)
+        if eligible(tiny_settings):  # the two-pass route's refinement, where the real run's bands miss
+            run_passes(problem, tiny_settings, runner, bands=False)
+        result(problem, run_passes(problem, tiny_settings, runner), runner)
+    except Exception:  # e.g. a memory check the tiny plan fails: the rehearsal decides no number, and what
+        return False  # it could not compile the passes compile (booked as compiling all the same)
+    _rehearsed.add(key)
+    return True
+
+
+def run_plan(store: Store, settings: Settings, execution: Execution, workers: int):
+    """The chunk plan of evaluating ``store``'s queries against its gallery, the per-query state
+    memory of the requested statistics checked against the budget."""
+    budget = parse_bytes(execution.memory_budget)
+    plan = make_plan(
+        len(store.query), len(store.gallery), store.dim, np.dtype(settings.precision).itemsize,
+        store.gallery.values.dtype.itemsize, store.gallery.chunk_rows, workers,
+        budget, execution.query_block, execution.gallery_chunk,
+    )
+    if settings.gom is not None:
+        check_state_memory(len(store.query), settings.gom.bins + 2, workers, budget, f"--gom-bins {settings.gom.bins}")
+    if settings.ranked is not None:
+        settings.ranked.check_memory(len(store.query), workers, budget)
+    if settings.verification is not None:
+        from .verification import check_memory
+
+        check_memory(settings.verification, settings.n_trials, workers, budget)
+    return plan
+
+
+def _progress_bar(progress, label: str, workers: int) -> Bar | None:
+    """``progress``: False, True (draw on stderr) or a text stream to draw on."""
+    if not progress:
+        return None
+    return Bar(Reporter(label, progress if hasattr(progress, "write") else None), workers=workers)
+
+
+def _active_client():
+    """The active dask.distributed Client, or None (distributed is an optional extra; without a
+    client it is not imported: that alone would take 0.2 s of the run's setup)."""
+    if "distributed" not in sys.modules:
+        return None
+    from distributed import default_client
+
+    try:
+        return default_client()
+    except ValueError:
+        return None
