@@ -1,9 +1,11 @@
 """Where and in which chunks a run's graphs are computed: :func:`session` connects (``cluster``),
-plans the chunks within the memory budget (:func:`run_plan`) and compiles the kernels by a
-rehearsal (:func:`rehearse`), yielding a :class:`Runner`."""
+plans the chunks within the memory budget (:func:`run_plan`: one account of the tasks and the
+statistics' states, :func:`check_memory`) and compiles the kernels by a rehearsal
+(:func:`rehearse`), yielding a :class:`Runner`."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from contextlib import contextmanager, nullcontext
@@ -15,8 +17,9 @@ from threadpoolctl import threadpool_limits
 
 from . import scratch, tiny
 from .cluster import connect
+from .errors import OptionError
 from .pipeline import gallery_metadata, result, run_passes
-from .plan import check_state_memory, make_plan, parse_bytes
+from .plan import format_bytes, make_plan, parse_bytes
 from .progress import COMPILING, Bar, Phases, Reporter, ThreadedProgress, compile_timer, compile_watch, compute_distributed
 from .settings import Execution, Settings
 from .store import Store
@@ -98,7 +101,7 @@ def session(store: Store, settings: Settings, execution: Execution, phases: Phas
         client = client or _active_client()
         workers = execution.workers or (sum(client.nthreads().values()) if client else os.cpu_count() or 1)
         meta = gallery_metadata(store, settings) if meta is None else meta
-        runner = Runner(client, run_plan(store, settings, execution, workers), phases,
+        runner = Runner(client, run_plan(store, settings, execution, workers, meta), phases,
                         _progress_bar(execution.progress, label, workers), meta)
         try:
             runner.compile_kernels(store, settings)
@@ -129,7 +132,7 @@ def rehearse(store, settings) -> bool:
         problem = tiny.tiny_store(tiny_settings.protocol, **shape)
         execution = Execution(query_block=len(problem.query), gallery_chunk=tiny.TINY_CHUNK)
         meta = gallery_metadata(problem, tiny_settings)
-        runner = Runner(None, run_plan(problem, tiny_settings, execution, 2), Phases(), None, meta)
+        runner = Runner(None, run_plan(problem, tiny_settings, execution, 2, meta), Phases(), None, meta)
         if eligible(tiny_settings):  # the two-pass route's refinement, where the real run's bands miss
             run_passes(problem, tiny_settings, runner, bands=False)
         result(problem, run_passes(problem, tiny_settings, runner), runner)
@@ -139,24 +142,50 @@ def rehearse(store, settings) -> bool:
     return True
 
 
-def run_plan(store: Store, settings: Settings, execution: Execution, workers: int):
-    """The chunk plan of evaluating ``store``'s queries against its gallery, the per-query state
-    memory of the requested statistics checked against the budget."""
+def run_plan(store: Store, settings: Settings, execution: Execution, workers: int, meta):
+    """The chunk plan of evaluating ``store``'s queries against its gallery, the run's memory
+    (``check_memory``) within the budget."""
     budget = parse_bytes(execution.memory_budget)
     plan = make_plan(
         len(store.query), len(store.gallery), store.dim, np.dtype(settings.precision).itemsize,
         store.gallery.values.dtype.itemsize, store.gallery.chunk_rows, workers,
         budget, execution.query_block, execution.gallery_chunk,
     )
-    if settings.gom is not None:
-        check_state_memory(len(store.query), settings.gom.bins + 2, workers, budget, f"--gom-bins {settings.gom.bins}")
-    if settings.ranked is not None:
-        settings.ranked.check_memory(len(store.query), workers, budget)
-    if settings.verification is not None:
-        from .verification import check_memory
-
-        check_memory(settings.verification, settings.n_trials, workers, budget)
+    check_memory(store, settings, plan, budget, meta)
     return plan
+
+
+def check_memory(store: Store, settings: Settings, plan, budget: int, meta) -> None:
+    """Refuse, before any work, a run whose memory exceeds ``budget``: one account of the tasks
+    (``plan.workers`` at once, each ``plan.task_bytes``) and of every ``Field`` the run's statistics
+    declare (its dtype x shape, per row of its axis), times the states the graph holds at once
+    (``graph.scoring_pass``): each worker's chain task holds its predecessor's state and the copy it
+    adds its chunk to (2 x workers states of a query block), and the query blocks' finished states
+    wait to be joined (every query once; a global field once per block).  A positive-axis field is
+    counted one row per query: the positives are not known before their pass.  The error names the
+    largest part, and what fits of the option that sizes it (``Statistic.option``)."""
+    n_query, chains = len(store.query), 2 * plan.workers
+    held = {"global": len(plan.query_ranges(n_query)) + chains}
+    held["query"] = held["positive"] = n_query + chains * plan.query_block
+    parts = [(None, plan.workers * plan.task_bytes)] + [
+        (stat, sum(held[spec.axis] * math.prod(spec.shape) * np.dtype(spec.dtype).itemsize
+                   for spec in stat.fields.values())) for stat in settings.statistics(meta, store.dim)]
+    needed = sum(part for _, part in parts)
+    if needed <= budget:
+        return
+    stat, most = max(parts, key=lambda part: part[1])
+    if stat is None:
+        largest = f"{plan.workers} task(s) of {plan.query_block:,} queries x {plan.gallery_chunk:,} gallery rows"
+        advice = "give a smaller --query-block / --gallery-chunk or raise --memory-budget"
+    elif stat.option:
+        flag, value, unit, row_bytes, axis = stat.option
+        fits = max(0, value - math.ceil((needed - budget) / (row_bytes * held[axis])))
+        largest, advice = f"{flag} {value}", f"use at most {fits:,} {unit} or raise --memory-budget"
+    else:
+        largest, advice = f"the {stat.name} statistic ({', '.join(stat.fields)})", "raise --memory-budget"
+    raise OptionError(f"this run needs about {format_bytes(needed)} for {n_query:,} queries on {plan.workers} "
+                      f"worker(s), more than the memory budget of {format_bytes(budget)}; the most, "
+                      f"{format_bytes(most)}, for {largest}: {advice}")
 
 
 def _progress_bar(progress, label: str, workers: int) -> Bar | None:

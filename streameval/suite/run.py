@@ -45,7 +45,7 @@ def run_suite(data, suite: Suite | str, *, storage_options: dict | None = None, 
         views = [stacked_view(base, gallery, queries) for gallery, queries in groups]
         # the metadata from the clean rows: the variants share their ids
         with session(views[0], settings, execution, phases, "streameval suite", gallery_metadata(base, settings)) as runner:
-            plans = [run_plan(view, settings, execution, runner.plan.workers) for view in views]
+            plans = [run_plan(view, settings, execution, runner.plan.workers, runner.meta) for view in views]
             announce(runner, views, plans)
             for (gallery, queries), view, plan in zip(groups, views, plans):
                 runner.plan = plan

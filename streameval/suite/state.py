@@ -98,7 +98,7 @@ def update_suite(data, state, *, storage_options: dict | None = None, **options)
             for gallery, queries in groups:
                 view = stacked_view(base, gallery, queries)
                 query_hash = check_matches(saved[gallery[0]], view, settings)
-                runner.plan = run_plan(view, settings, execution, runner.plan.workers)
+                runner.plan = run_plan(view, settings, execution, runner.plan.workers, runner.meta)
                 done = run_passes(view, settings, runner, partial(advance, saved=saved[gallery[0]].query_state),
                                   bands=False)
                 if done.facts["rows_added"]:
