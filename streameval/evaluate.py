@@ -10,11 +10,11 @@ from . import metrics
 from .errors import OptionError
 from .locking import writing
 from .outputs import check_folder
-from .pipeline import as_store, oriented, result, run_passes, with_variants
+from .pipeline import as_store, feature_requests, oriented, run_passes, with_variants
 from .progress import Phases
 from .session import session
 from .settings import PROTOCOL_OPTIONS, Execution, Settings
-from .store import Store
+from .statestore import check_updatable, check_writable, save_state
 
 
 def evaluate(
@@ -88,64 +88,43 @@ def evaluate(
     and ranks ``dir_ranks`` (default 1, 5, 10, 20), k rounded as ``fpir_rounding`` ("round": half
     up, as Liao; or "floor") (docs/open-set.md).
     """
-    from .openset import request as open_set_request
-    from .ranked import request
-    from .verification import request as verification_request
-
     phases = Phases()
     overrides = {key: options.pop(key) for key in PROTOCOL_OPTIONS if key in options}
-    ranked, selection = request(options)
-    open_set = open_set_request(options)
-    verification = verification_request(options)
+    requests, selection = feature_requests(options)
     variants = options.pop("query_variant", None), options.pop("gallery_variant", None)
     execution = Execution.from_options("evaluate", options)
     store = as_store(data, storage_options)
     settings = Settings.parse(store, metric, protocol, max_rank, precision, no_gom, gom_norm, gom_bins, gom_b,
-                              gom_vp, std_ddof, ranked, open_set=open_set, verification=verification, **overrides)
+                              gom_vp, std_ddof, **requests, **overrides)
     store = with_variants(store, settings.protocol, *variants)
     if len(settings.protocol.directions) == 2:
         if state is not None:
             raise OptionError("a state holds one direction: evaluate with direction='v2t' or 't2v' to save one")
-        if ranked is not None:
+        if selection is not None:
             raise OptionError("ranked lists hold one direction: evaluate with direction='v2t' or 't2v' for them")
-        return _both_directions(store, settings, execution, phases)
-    store = oriented(store, settings.protocol)
     if selection is not None:
-        selection.check(len(store.query))
+        selection.check(len(oriented(store, settings.protocol).query))
     if state is not None:
-        from .statestore import check_updatable
-
         if store.holds_distances:
             raise OptionError(f"'{store.path}' holds precomputed distances, which appended rows would change "
                               "(re-ranking): it keeps no state for incremental updates (--state)")
         check_updatable(settings)
         check_folder(state, "state directory")
+    results, directions = {}, settings.protocol.directions if len(settings.protocol.directions) == 2 else (None,)
     with writing(state):  # the state's writer lock, from its check to its save (none without a state)
         if state is not None:
-            from .statestore import check_writable
-
             check_writable(state, overwrite_state)
-        with session(store, settings, execution, phases) as runner:
-            passes = run_passes(store, settings, runner, bands=state is None)  # a saved state keeps no bands
-        if state is not None:
-            from .statestore import save_state
-
-            save_state(state, store, passes.settings, passes.state)
-            phases.lap("saving state")
-    return result(store, passes, runner, selection)
-
-
-def _both_directions(store: Store, settings: Settings, execution: Execution, phases: Phases) -> metrics.Result:
-    """Each direction evaluated on its own; the first one's result (timed from the start, ``phases``)
-    holds both under ``directions``."""
-    results = {}
-    for direction in settings.protocol.directions:
-        one = replace(settings, protocol=replace(settings.protocol, directions=(direction,)))
-        swapped = oriented(store, one.protocol)
-        with session(swapped, one, execution, phases if not results else Phases()) as runner:
-            passes = run_passes(swapped, one, runner)
-        results[direction] = result(swapped, passes, runner)
-    first = results[settings.protocol.directions[0]]
-    # each direction's per-query arrays too (the JSON shows them with --per-query, as the top level's)
-    first.directions = {name: done.to_dict(per_query=True) for name, done in results.items()}
+        for direction in directions:  # each on its own, the first one timed from the start
+            one = settings if direction is None else replace(settings, protocol=replace(settings.protocol,
+                                                                                        directions=(direction,)))
+            swapped = oriented(store, one.protocol)
+            with session(swapped, one, execution, phases if not results else Phases()) as runner:
+                passes = run_passes(swapped, one, runner, place=state is None)  # a saved state keeps no bands
+            if state is not None:
+                save_state(state, swapped, passes.settings, passes.state)
+                phases.lap("saving state")
+            results[direction] = passes.result(swapped, runner, selection)
+    first = results[directions[0]]
+    if len(results) == 2:  # each direction's per-query arrays too (the JSON shows them with --per-query)
+        first.directions = {name: done.to_dict(per_query=True) for name, done in results.items()}
     return first

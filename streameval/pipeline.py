@@ -1,7 +1,7 @@
 """The one sequence of a run, shared by ``evaluate`` (each direction), ``update``, and a suite's run
 and update: the store the options name (:func:`as_store`, :func:`with_variants`, :func:`oriented`),
 then, on a ``session.Runner``, :func:`run_passes` (verification's bands placed, the scoring passes,
-verification's section) and :func:`result` (the reported metrics, :func:`make_result`)."""
+verification's section) and ``Passes.result`` (the reported metrics, :func:`make_result`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
+import zarr.storage
 
-from . import graph, metrics
+from . import bands, graph, metadata, metrics, openset, ranked, verification
 from .errors import OptionError
 from .progress import COMPILING, compile_timer
 from .settings import Settings
@@ -19,16 +20,9 @@ from .state import Positives, QueryState
 from .statistics import StatState
 from .store import Store, open_store, write_store
 
-ARRAY_NAMES = {  # accepted names for in-memory input, long form first
-    "query_features": ("query_features", "qf"),
-    "query_pids": ("query_pids", "q_pids"),
-    "query_camids": ("query_camids", "q_camids"),
-    "gallery_features": ("gallery_features", "gf"),
-    "gallery_pids": ("gallery_pids", "g_pids"),
-    "gallery_camids": ("gallery_camids", "g_camids"),
-}
-
-
+ARRAY_NAMES = {  # accepted names for in-memory input, long form first: query_features or qf, query_pids or q_pids, ...
+    f"{side}_{what}": (f"{side}_{what}", f"{side[0]}f" if what == "features" else f"{side[0]}_{what}")
+    for side in ("query", "gallery") for what in ("features", "pids", "camids")}
 MATRIX_KINDS = {"distances": "distance", "similarity": "similarity"}  # in-memory matrix key -> distance store kind
 
 
@@ -40,7 +34,7 @@ def as_store(data, storage_options=None) -> Store:
     if isinstance(data, Mapping):
         if any(key in data for key in MATRIX_KINDS):
             return _matrix_store(data)
-        return write_store(_memory_target(), *(pick_array(data, name) for name in ARRAY_NAMES))
+        return write_store(zarr.storage.MemoryStore(), *(pick_array(data, name) for name in ARRAY_NAMES))
     return open_store(data, storage_options=storage_options)
 
 
@@ -56,7 +50,7 @@ def _matrix_store(arrays: Mapping) -> Store:
         raise OptionError(f"input arrays hold {' and '.join(given + features)}: give one query x gallery matrix "
                           "(distances or similarity) or the features, not both")
     ids = [pick_array(arrays, name) for name in ARRAY_NAMES if not name.endswith("features")]
-    return write_distance_store(_memory_target(), arrays[given[0]], *ids, kind=MATRIX_KINDS[given[0]],
+    return write_distance_store(zarr.storage.MemoryStore(), arrays[given[0]], *ids, kind=MATRIX_KINDS[given[0]],
                                 query_distances=arrays.get("query_distances"))
 
 
@@ -65,12 +59,6 @@ def pick_array(arrays: Mapping, name: str):
         if key in arrays:
             return arrays[key]
     raise OptionError(f"input arrays lack '{name}' (or its short name '{ARRAY_NAMES[name][1]}')")
-
-
-def _memory_target():
-    import zarr.storage
-
-    return zarr.storage.MemoryStore()
 
 
 def with_variants(store: Store, protocol, query_variant: str | None, gallery_variant: str | None) -> Store:
@@ -98,6 +86,20 @@ def oriented(store: Store, protocol) -> Store:
         return replace(store, query=store.gallery, gallery=store.query)
     return store
 
+
+FEATURE_OPTIONS = (*ranked.RANKED_OPTIONS, *openset.OPEN_SET_OPTIONS, *verification.VERIFY_OPTIONS)
+
+
+def feature_requests(options: dict, saved: dict | None = None) -> tuple[dict, object]:
+    """Take the features' keywords out of ``options``: (their records, as ``Settings.parse`` takes
+    them; the ranked lists' Selection or None).  ``saved``: a saved state's options, which given
+    keywords override (``update``)."""
+    saved = saved or {}
+    spec, selection = ranked.request(options, saved.get("ranked"))
+    return {"ranked": spec, "open_set": openset.request(options, saved.get("open_set")),
+            "verification": verification.request(options, saved.get("verification"))}, selection
+
+
 class Passes(NamedTuple):
     """What a run's passes give its result."""
 
@@ -108,32 +110,26 @@ class Passes(NamedTuple):
     verification: dict | None  # the section ``verification.report`` made
     facts: dict | None = None  # an update's (``incremental.advance``)
 
+    def result(self, store: Store, runner, selection=None) -> metrics.Result:
+        """The Result (``make_result``), an update's facts with it."""
+        return make_result(store, self.settings, self.state, runner, self.read, self.pairs, runner.meta, selection,
+                           verification=self.verification, **({} if self.facts is None else {"update": self.facts}))
 
-def run_passes(store: Store, settings: Settings, runner, passes=None, bands: bool = True) -> Passes:
+
+def run_passes(store: Store, settings: Settings, runner, passes=None, place: bool = True) -> Passes:
     """Every pass of a one-direction run on ``runner`` (a ``session.Runner``): verification's bands
-    placed if ``bands`` (a saved state keeps the two-pass route's arrays: none), the scoring passes
+    placed if ``place`` (a saved state keeps the two-pass route's arrays: none), the scoring passes
     ``passes(store, settings, runner) -> (QueryState, bytes read, pairs scored, facts)`` (by default
     every pair's, :func:`full_state`; an update's extend its saved state), then verification's section."""
-    from .bands import place
-    from .verification import report
-
-    if bands:
-        settings = place(store, settings, runner, runner.meta)
+    if place:
+        settings = bands.place(store, settings, runner, runner.meta)
     state, read, pairs, facts = (passes or full_state)(store, settings, runner)
-    return Passes(settings, state, read, pairs, report(store, settings, state, runner, runner.meta), facts)
-
-
-def result(store: Store, passes: Passes, runner, selection=None) -> metrics.Result:
-    """The Result of a run's ``passes`` (``make_result``), an update's facts with it."""
-    facts = {} if passes.facts is None else {"update": passes.facts}
-    return make_result(store, passes.settings, passes.state, runner, passes.read, passes.pairs, runner.meta,
-                       selection, verification=passes.verification, **facts)
+    return Passes(settings, state, read, pairs, verification.report(store, settings, state, runner, runner.meta),
+                  facts)
 
 
 def gallery_metadata(store: Store, settings: Settings) -> graph.Metadata:
     """What every pass reads of the rows' ids: identities, trial membership (``metadata.build``)."""
-    from . import metadata
-
     parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
     return metadata.build(store.query, parts, settings.rules)
 

@@ -18,9 +18,10 @@ from threadpoolctl import threadpool_limits
 from . import scratch, tiny
 from .cluster import connect
 from .errors import OptionError
-from .pipeline import gallery_metadata, result, run_passes
+from .pipeline import gallery_metadata, run_passes
 from .plan import format_bytes, make_plan, parse_bytes
-from .progress import COMPILING, Bar, Phases, Reporter, ThreadedProgress, compile_timer, compile_watch, compute_distributed
+from .progress import (COMPILING, Bar, Phases, Reporter, ThreadedProgress, compile_timer, compile_watch,
+                       compute_distributed)
 from .settings import Execution, Settings
 from .store import Store
 
@@ -29,7 +30,7 @@ class Runner:
     """A connected session: the chunk plan, the gallery metadata every pass reads (``meta``), and the
     graphs of a run computed on the chosen scheduler under one progress bar (``bar``, None without
     progress).  The run's time is split in ``phases``: "setup", "compiling kernels"
-    (``compile_kernels``), then "passes" (the bar's time) from the first compute until ``close``, less
+    (the session's rehearsal), then "passes" (the bar's time) from the first compute until ``close``, less
     what numba still compiled meanwhile (``compiled``: also booked as "compiling kernels", the bar
     says "compiling kernels" while it happens)."""
 
@@ -38,14 +39,6 @@ class Runner:
         self.where = client.scheduler.address if client else "threads"
         self.running = False
         self.compiled = 0.0
-
-    def compile_kernels(self, store: Store, settings: Settings) -> None:
-        """Compile (or load from numba's cache) every kernel the run will call, before its passes,
-        by a rehearsal on a tiny problem (``rehearse``): a phase of its own."""
-        self.phases.lap("setup")
-        with self.bar.compiling() if self.bar is not None else nullcontext():
-            rehearse(store, settings)
-        self.phases.lap(COMPILING)
 
     def expect(self, pass_name: str, work: int) -> None:
         """Announce the work of a pass a later compute will run (``Bar.expect``)."""
@@ -94,17 +87,22 @@ class Runner:
 def session(store: Store, settings: Settings, execution: Execution, phases: Phases, label: str = "streameval",
             meta=None):
     """Connect (checked, see ``cluster.connect``), read the gallery metadata (``meta`` if given: a
-    suite's stacked variants take the clean rows'), plan the chunks and compile the kernels; yield a
+    suite's stacked variants take the clean rows'), plan the chunks and compile (or load from numba's
+    cache) every kernel the run will call by a rehearsal (``rehearse``), a phase of its own; yield a
     :class:`Runner` whose progress bar is labelled ``label``.  Closing a cluster we connected to is a
-    phase of its own."""
+    phase of its own too."""
     with connect(execution.cluster, store) as client:
         client = client or _active_client()
         workers = execution.workers or (sum(client.nthreads().values()) if client else os.cpu_count() or 1)
         meta = gallery_metadata(store, settings) if meta is None else meta
-        runner = Runner(client, run_plan(store, settings, execution, workers, meta), phases,
-                        _progress_bar(execution.progress, label, workers), meta)
+        shown = execution.progress  # False, True (draw on stderr) or a text stream to draw on
+        bar = Bar(Reporter(label, shown if hasattr(shown, "write") else None), workers=workers) if shown else None
+        runner = Runner(client, run_plan(store, settings, execution, workers, meta), phases, bar, meta)
         try:
-            runner.compile_kernels(store, settings)
+            phases.lap("setup")
+            with bar.compiling() if bar is not None else nullcontext():
+                rehearse(store, settings)
+            phases.lap(COMPILING)
             yield runner
         except BaseException:
             runner.close(completed=False)
@@ -134,8 +132,8 @@ def rehearse(store, settings) -> bool:
         meta = gallery_metadata(problem, tiny_settings)
         runner = Runner(None, run_plan(problem, tiny_settings, execution, 2, meta), Phases(), None, meta)
         if eligible(tiny_settings):  # the two-pass route's refinement, where the real run's bands miss
-            run_passes(problem, tiny_settings, runner, bands=False)
-        result(problem, run_passes(problem, tiny_settings, runner), runner)
+            run_passes(problem, tiny_settings, runner, place=False)
+        run_passes(problem, tiny_settings, runner).result(problem, runner)
     except Exception:  # e.g. a memory check the tiny plan fails: the rehearsal decides no number, and what
         return False  # it could not compile the passes compile (booked as compiling all the same)
     _rehearsed.add(key)
@@ -186,13 +184,6 @@ def check_memory(store: Store, settings: Settings, plan, budget: int, meta) -> N
     raise OptionError(f"this run needs about {format_bytes(needed)} for {n_query:,} queries on {plan.workers} "
                       f"worker(s), more than the memory budget of {format_bytes(budget)}; the most, "
                       f"{format_bytes(most)}, for {largest}: {advice}")
-
-
-def _progress_bar(progress, label: str, workers: int) -> Bar | None:
-    """``progress``: False, True (draw on stderr) or a text stream to draw on."""
-    if not progress:
-        return None
-    return Bar(Reporter(label, progress if hasattr(progress, "write") else None), workers=workers)
 
 
 def _active_client():
