@@ -436,7 +436,7 @@ class Combiner:
 def sysu_like_protocol(trials: int):
     """The SYSU-like protocol of ``--protocols`` for a store whose cameras are not SYSU's: market with
     ``trials`` seeded gallery trials of one row per (pid, camera), the identity-dedup CMC, and SYSU's
-    any-identity rule: query camera 3 never sees gallery camera 2 (PROTOCOLS.md 1.8.4)."""
+    any-identity rule: query camera 3 never sees gallery camera 2 (docs/protocols.md#sysu-all-sysu-indoor)."""
     from dataclasses import replace
 
     from streameval import protocols

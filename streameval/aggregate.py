@@ -1,9 +1,9 @@
-"""Aggregating split-level runs (PROTOCOLS.md section 2): ``streameval aggregate RUN.json ...``.
+"""Aggregating split-level runs (docs/protocols.md#9-split-level-protocols-streameval-aggregate): ``streameval aggregate RUN.json ...``.
 
 Protocols with one model per split (RegDB, classic CUHK03, iLIDS-VID, PRID2011) publish the mean of
 separate evaluations.  This module reads their result JSONs, refuses runs whose numbers were decided
 by different options (naming each field and the runs), and reports for every scalar and every curve
-point the unweighted mean, std (ddof = 1), sem, min, max and count over the runs (section 1.7).
+point the unweighted mean, std (ddof = 1), sem, min, max and count over the runs (docs/protocols.md#reporting-trials).
 
 Settings are compared as a whole: every key of a result's ``options`` dict takes part, so options
 added to results later are compared without a change here.  A null value (a run without open-set
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from . import __version__
 from .choices import FRACTION, RESULT_SCHEMA, Bounds
 from .errors import OptionError, StreamevalError, one_line
+from .features import TARGETED
 from .spread import STATS, spread
 
 STD_DDOF = 1
@@ -31,10 +32,8 @@ GOM_SETTINGS = ("normalisation", "bins", "B", "vp")
 GOM_SCALARS = ("mReP_max", "tau_max", "mVP_max", "MREP", "MFR", "tau_nz")
 GOM_CURVES = ("mRP", "mVP", "mReP", "mFR")
 PER_RUN = ("n_queries", "n_valid_queries", "mAP", "rank1", "mINP")
-# per target of a section's points: (section, the point's target key, its values: key path, label)
-TARGETS = {"verification": ("far", (("tar",), "TAR"), (("achieved_far",), "achieved FAR")),
-           "open_set": ("fpir", (("achieved_fpir",), "achieved FPIR"),)}
-NESTED = ("gom", "verification", "open_set")  # sections whose statistics nest under their name
+TARGETS = {feature.name: feature for feature in TARGETED}  # sections of values at targets
+NESTED = ("gom", *TARGETS)  # sections whose statistics nest under their name
 COUNT = Bounds(0.0, math.inf, integer=False)  # an aggregate's counts are means: not always whole
 # every other value averaged is a rate or a normalised threshold: CMC, AP, INP, GOM, TAR, FAR, DIR, AUC
 
@@ -208,31 +207,21 @@ def _target_section(runs: list[Run], section: str) -> tuple[dict, dict]:
     """(the section with every value the mean over the runs, their statistics by name: "TAR@FAR=0.001",
     "DIR-R1@FPIR=0.01", "auc", ...).  The runs asked for the same targets (their options agree), so
     points match by position.  No curves: each run's ROC has its own thresholds."""
-    key, *values = TARGETS[section]
+    feature = TARGETS[section]
     points, stats = [], {}
     template = next((found for run in runs if (found := _points(run, section))), [])  # a run without may lead
     for i, point in enumerate(template):
-        mean = {key: point[key]}
-        paths = list(values)
-        if section == "open_set":
-            paths += [(("dir", rank), f"DIR-R{rank}") for rank in point["dir"]]
-        for path, label in paths:
+        mean = {feature.target: point[feature.target]}
+        for path, label in feature.point_values(point):
             found = _point_statistics(runs, section, i, path)
-            stats[f"{label}@{key.upper()}={point[key]:g}"] = found
+            stats[f"{label}@{feature.target.upper()}={point[feature.target]:g}"] = found
             inner = mean
             for step in path[:-1]:
                 inner = inner.setdefault(step, {})
             inner[path[-1]] = found["mean"]
         points.append(mean)
-    first = runs[0].result[section]
-    if section == "verification":
-        stats["auc"] = _statistics(runs, (section, "auc"))
-        return {"points": points, "auc": stats["auc"]["mean"], "curves": None}, stats  # curves: each run's own
-    limit = {}
-    for rank in first["ranks"]:
-        stats[f"closed-set limit R{rank}"] = found = _statistics(runs, (section, "closed_set_limit", str(rank)))
-        limit[str(rank)] = found["mean"]
-    return {"ranks": first["ranks"], "points": points, "closed_set_limit": limit, "note": None}, stats
+    made, more = feature.aggregate(runs[0].result[section], points, lambda path: _statistics(runs, (section, *path)))
+    return made, {**stats, **more}
 
 
 def _point_statistics(runs: list[Run], section: str, i: int, path: tuple) -> dict:
@@ -312,12 +301,12 @@ def summary(out: dict) -> str:
         lines.append("  GOM mean +- std: " + "   ".join(
             _mean_std(agg, key, ("gom", key), lambda v: "   n/a" if v is None else f"{v:.4f}")
             for key in ("MREP", "mReP_max", "MFR")))
-    for section, title, shown in (("verification", "verification", "TAR@"), ("open_set", "open-set", "DIR-R")):
-        if section == "open_set" and out.get("open_set"):
-            shown = f"DIR-R{out['open_set']['ranks'][0]}@"  # the first rank, as the pasted table
-        named = [name for name in agg["mean"].get(section, {}) if name.startswith(shown)]
+    for section, feature in TARGETS.items():  # the values a pasted table shows per target
+        points = (out.get(section) or {}).get("points")
+        shown = f"{feature.headline(points[0])[1]}@" if points else None
+        named = [name for name in agg["mean"].get(section, {}) if shown and name.startswith(shown)]
         if named:
-            lines.append(f"  {title} mean +- std: " + "   ".join(
+            lines.append(f"  {section.replace('_', '-')} mean +- std: " + "   ".join(
                 _mean_std(agg, name, (section, name), _pct) for name in named))
     return "\n".join(lines)
 

@@ -1,4 +1,4 @@
-"""Verification's bands (PROTOCOLS.md 3.2): the exact (k+1)-th smallest negative distance in the
+"""Verification's bands (docs/verification.md#definitions): the exact (k+1)-th smallest negative distance in the
 scoring pass itself when a tail of the k+1 smallest would not fit its budget (``tail_budget``).
 
 * A **pilot** scores every query against a sample of the gallery: ``RANGES`` runs of consecutive

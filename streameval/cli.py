@@ -20,6 +20,7 @@ import click
 from . import outputs
 from .choices import MAX_RANK_LIMIT, METRICS, PRECISIONS, RANGES, SUMMARY_FORMATS
 from .errors import StoreWarning, StreamevalError
+from .features import REGISTRY
 from .plan import SIZE_UNITS, parse_bytes
 from .signals import stopped
 from .suite.plan import PRESETS as SUITE_PRESETS
@@ -222,9 +223,9 @@ class _Sectioned(click.Command):
                 formatter.write_dl(sections[title])
 
 
-def _result_options(defaults: bool):
-    """The options that decide the numbers (METRICS.md section 5).  ``defaults``: eval's defaults;
-    otherwise None, meaning "as recorded in the state" (update)."""
+def _result_options(defaults: bool, features=REGISTRY):
+    """The options that decide the numbers (docs/options.md), the ``features``' included.
+    ``defaults``: eval's defaults; otherwise None, meaning "as recorded in the state" (update)."""
     def option(*names, default=None, help, **kwargs):
         if not defaults:
             default, help = None, help + " Default: as in the state."
@@ -239,16 +240,7 @@ def _result_options(defaults: bool):
         option("--max-rank", type=Bounded("max_rank"), default=50, help="Length of the CMC curve."),
         option("--precision", type=click.Choice(PRECISIONS), default="float32",
                help="Precision of the distance GEMM (features are upcast per chunk)."),
-        option("--no-gom", is_flag=True, default=False,
-               help="Skip the GOM open-set metrics (closed-set metrics only, one pass)."),
-        option("--gom-norm", default="minmax",
-               help="GOM distance normalisation: minmax (global min/max, an extra pass), fixed:LO:HI "
-                    "(e.g. fixed:0:2 for cosine, one pass) or none (distances already in [0, 1])."),
-        option("--gom-bins", type=Bounded("gom_bins"), default=100, help="Threshold grid size N: tau = 0, 1/N, ..., 1."),
-        option("--gom-b", type=Bounded("gom_b"), default=3000,
-               help="FR cap B: FR = min(returned, B) / B for open-set queries."),
-        option("--gom-vp", type=click.Choice(["reference", "jaccard"]), default="reference",
-               help="VP as the GOM reference code (returns capped at the last positive) or the paper's Jaccard index."),
+        *(_flag(flag, defaults) for feature in features if feature.help_section == "Metrics" for flag in feature.flags),
         option("--std-ddof", type=click.Choice(["1", "0"]), default="1",
                help="Trials' std: 1 = sample standard deviation (MATLAB, R, pandas), 0 = numpy's default."),
     )
@@ -277,7 +269,22 @@ def _result_options(defaults: bool):
                help="cuhk03-sgs: torchreid's rule (default) or open-reid's separate camera sets."),
         option("--direction", type=click.Choice(["both", "v2t", "t2v"]), help="regdb: which directions to run (default both)."),
     )
-    return _options(metrics, protocol)
+    groups = [_section(feature.help_section, *(_flag(flag, defaults) for flag in feature.flags))
+              for feature in features if feature.help_section != "Metrics"]
+    return _options(metrics, protocol, *groups)
+
+
+def _flag(flag, defaults: bool):
+    """A feature's Flag as a click option; ``defaults`` as ``_result_options``'."""
+    default, help = flag.default, flag.help
+    if not defaults and default is not None:
+        default, help = None, help + " Default: as in the state."
+    kind = flag.kind
+    made = ({"is_flag": True} if kind == "flag" else {"type": Bounded(flag.name[2:].replace("-", "_"))}
+            if kind == "count" else {"callback": _bytes} if kind == "size" else {"type": click.Path()}
+            if kind == "path" else {"type": click.Choice(kind)} if isinstance(kind, tuple) else {})
+    return click.option(flag.name, default=default, show_default=defaults and default is not None, help=help,
+                        metavar=flag.metavar, **made)
 
 
 _execution_options = _section(
@@ -332,58 +339,6 @@ _output_options = _section(
 )
 
 
-_ranked_options = _section(
-    "Ranked lists",
-    click.option("--ranked-list", type=Bounded("ranked_list"), default=None, metavar="K",
-                 help="Also write each query's top-K gallery rows in ranking order, marked positive / negative "
-                      "(and junk), computed in the same pass (docs/ranked-lists.md)."),
-    click.option("--ranked-out", type=click.Path(), default=None,
-                 help="Where the ranked lists go: a JSON-lines file, a zarr group if it ends in .zarr, or a plain "
-                      "CSV of file names (one line per listed item) if it ends in .csv. Default: next to --json, as "
-                      "<json stem>.ranked.jsonl."),
-    click.option("--queries", default=None, metavar="worst:N|best:N|ids:LIST|all",
-                 help="Whose ranked lists are written (default all); worst/best leave out queries without positives."),
-    click.option("--sort-by", type=click.Choice(["ap", "inp", "rank"]), default=None,
-                 help="What worst and best are judged by: AP (default), INP or the first hit's rank."),
-    click.option("--with-junk", is_flag=True, default=None,
-                 help="Show the rows the protocol excludes (junk) in place when they come before the K-th kept row."),
-    click.option("--with-positives", is_flag=True, default=None,
-                 help="Add every positive of each query with its rank and distance."),
-    click.option("--trial", type=Bounded("trial"), default=None,
-                 help="With trials: the trial whose ranked lists are written (default 0)."),
-)
-
-_open_set_options = _section(  # update: None = as in the state
-    "Open-set & verification",
-    click.option("--open-set", is_flag=True, default=None,
-                 help="Also open-set identification: DIR at FPIR targets and ranks (Liao et al.), in the same pass "
-                      "(docs/open-set.md)."),
-    click.option("--fpir", default=None, metavar="X[,X...]",
-                 help="--open-set: FPIR targets, exact as written (default 0.001,0.01,0.1)."),
-    click.option("--dir-ranks", default=None, metavar="R[,R...]", help="--open-set: DIR ranks (default 1,5,10,20)."),
-    click.option("--fpir-rounding", type=click.Choice(["round", "floor"]), default=None,
-                 help="--open-set: false alarms allowed, k = x N_nm rounded half up (round, Liao's; default) or "
-                      "down (floor: never above x)."),
-)
-
-_verification_options = _section(  # update: None = as in the state
-    "Open-set & verification",
-    click.option("--verification", is_flag=True, default=None,
-                 help="Also pair-level verification: TAR at FAR targets, achieved FAR and threshold, ROC/DET points, "
-                      "over all queries' kept pairs, exact (docs/verification.md)."),
-    click.option("--far", default=None, metavar="X[,X...]",
-                 help="--verification: FAR targets, exact as written (default 1e-4,1e-3,1e-2)."),
-    click.option("--auc", is_flag=True, default=None,
-                 help="--verification: also the AUC (ties count half); costly with float32 GEMMs, see the docs."),
-    click.option("--tail-budget", default=None, callback=_bytes, metavar="SIZE",
-                 help="--verification: memory for the tail of smallest negative distances (default 64MiB; a SIZE "
-                      "as --memory-budget's); a larger need takes an exact refinement pass more."),
-    click.option("--hist-bits", type=Bounded("hist_bits"), default=None,
-                 help="--verification: histogram (ROC/DET) resolution, in bits of the distance's float64 key "
-                      "(default 16: 16 bins per octave)."),
-)
-
-
 def _max_rank_for(ranks, max_rank):
     """--ranks past --max-rank: a max rank left at eval's default is raised to cover them (the
     user asked for those points); one given on the command line is refused.  None (update: the
@@ -400,6 +355,7 @@ def _finish(result, label, json_path, per_query, quiet, ranks, summary_format) -
     """Write the JSON (timed as its own phase), then print the summary.  If the JSON cannot be
     written, the summary is still printed and the error names the fallback file that holds it."""
     from . import report
+    from .features.gom import clipping_warning
 
     failure = None
     if json_path:
@@ -409,7 +365,7 @@ def _finish(result, label, json_path, per_query, quiet, ranks, summary_format) -
     if not quiet:
         # with JSON on stdout, the table goes to stderr so the JSON stays parseable
         click.echo(report.formatted(result, label, ranks, summary_format), err=json_path == "-")
-        warning = summary_format != "table" and report.clipping_warning(result.gom)  # the table holds it
+        warning = summary_format != "table" and clipping_warning(result.gom)  # the table holds it
         if warning:
             click.echo(f"warning: {warning}", err=True)
     for warning in result.warnings:  # on stderr too, even with -q: the numbers look normal
@@ -476,9 +432,6 @@ def _finish_with_lists(result, ranked_out, label, json_path, per_query, quiet, r
 @_result_options(defaults=True)
 @_execution_options
 @_output_options
-@_ranked_options
-@_open_set_options
-@_verification_options
 @click.option("--state", type=click.Path(file_okay=False), default=None,
               help="Also save the per-query state to this directory, for 'streameval update' after appends.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --json file, --state or ranked-lists output.")
@@ -521,9 +474,6 @@ def eval_cmd(store, json_path, per_query, quiet, state, overwrite, ranks, summar
 @_result_options(defaults=False)
 @_execution_options
 @_output_options
-@_ranked_options
-@_open_set_options
-@_verification_options
 @click.option("--overwrite", is_flag=True, help="Replace an existing --json file or ranked-lists output.")
 def update(store, state, json_path, per_query, quiet, overwrite, ranks, summary_format, **options):
     """Score only the gallery rows appended to STORE since --state was saved, and report.
@@ -745,9 +695,7 @@ def show_cmd(result, store, out, png, queries, image_root, overwrite):
 
 
 @main.command()
-@_result_options(defaults=True)
-@_open_set_options
-@_verification_options
+@_result_options(defaults=True, features=[feature for feature in REGISTRY if feature.name != "ranked"])
 def warmup(**options):
     """Compile the evaluation kernels into numba's cache, once after installing streameval, so that
     even the first evaluation starts at once (numba compiles each kernel the first time a run calls
@@ -934,7 +882,7 @@ def _finish_suite(result, json_path, per_query, quiet, summary_format, per_evalu
 def suite_cmd(store, suite, json_path, per_query, quiet, summary_format, per_evaluation, by_severity, plot_path,
               overwrite, state, trials, headline_setting, std_ddof, **options):
     """Evaluate a feature-variant suite: clean, corrupted query, corrupted gallery and both, over
-    trials (CIL-ReID, PROTOCOLS.md section 4), in one pass per gallery variant.
+    trials (CIL-ReID, docs/suites.md), in one pass per gallery variant.
 
     SUITE is a preset, cil-upstream (clean once; per trial independent query, gallery and both
     draws) or cil-factorial (one corrupted draw per side per trial: not upstream-equivalent), or a

@@ -82,11 +82,6 @@ def _check_local_workers(options: ClusterOptions) -> None:
                           f"({format_bytes(memory)}): use at most {memory // WORKER_MEMORY:,}")
 
 
-def _import_distributed():
-    return require_extra("distributed", package="distributed", extra="distributed",
-                         purpose="running on a Dask cluster", error=ClusterError)
-
-
 @contextmanager
 def connect(options: ClusterOptions, store=None):
     """Yield a checked ``distributed.Client`` for the options, or None for the threaded scheduler."""
@@ -96,17 +91,17 @@ def connect(options: ClusterOptions, store=None):
     given = [name for name in ("scheduler", "scheduler_file", "cluster") if getattr(options, name)]
     if len(given) > 1:
         raise ClusterError(f"choose one of --scheduler, --scheduler-file, --cluster (got {', '.join(given)})")
-    distributed = _import_distributed()
+    distributed = require_extra("distributed", package="distributed", extra="distributed",
+                                purpose="running on a Dask cluster", error=ClusterError)
     cluster = None
     try:
         if options.cluster is not None:
             if options.cluster != "local":
                 raise ClusterError(f"--cluster supports 'local', got {options.cluster!r}")
             _check_local_workers(options)
-            cluster = distributed.LocalCluster(
-                n_workers=options.n_workers, threads_per_worker=options.threads_per_worker,
-                memory_limit=options.memory_limit or "auto", processes=True, env=PIN_ENV, dashboard_address=None,
-            )
+            cluster = distributed.LocalCluster(n_workers=options.n_workers, processes=True, env=PIN_ENV,
+                                               threads_per_worker=options.threads_per_worker,
+                                               memory_limit=options.memory_limit or "auto", dashboard_address=None)
             client = distributed.Client(cluster)
         else:
             client = _client_for(distributed, options)

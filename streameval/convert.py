@@ -49,23 +49,9 @@ class GivenIds:
     paths: list | None
 
 
-def convert(
-    inputs,
-    out,
-    *,
-    keys=None,
-    query_ids=None,
-    gallery_ids=None,
-    ids_from=None,
-    matrix: str | None = None,
-    dtype: str | None = None,
-    chunk_rows: int | None = None,
-    default_metric: str | None = None,
-    overwrite: bool = False,
-    report=None,
-    query_variants=None,
-    gallery_variants=None,
-) -> Store:
+def convert(inputs, out, *, keys=None, query_ids=None, gallery_ids=None, ids_from=None, matrix: str | None = None,
+            dtype: str | None = None, chunk_rows: int | None = None, default_metric: str | None = None,
+            overwrite: bool = False, report=None, query_variants=None, gallery_variants=None) -> Store:
     """Convert ``inputs`` (a file, a folder of .npy files, or a list of .npy files) into a store at
     ``out`` and return it opened.
 
@@ -125,9 +111,8 @@ def _check_output(out, inputs: list, overwrite: bool) -> None:
             if os.path.samefile(out, src):
                 raise StoreError(f"the output '{os.fspath(out)}' is the input file '{src}'")
             if os.path.commonpath([real_out, os.path.realpath(src)]) == real_out:
-                raise StoreError(
-                    f"the input '{src}' is inside the output '{os.fspath(out)}', which --overwrite would delete"
-                )
+                raise StoreError(f"the input '{src}' is inside the output '{os.fspath(out)}', "
+                                 "which --overwrite would delete")
     refuse_existing(out, overwrite)
 
 
@@ -164,9 +149,9 @@ def _store_ids(target) -> dict:
     return given
 
 
-def _id_names(given: dict, sets=SETS, field_names=("pids", "camids")) -> list:
-    """The long names of the ids the input must hold (those of ``sets`` not given otherwise)."""
-    return [f"{s}_{field}" for s in sets if s not in given for field in field_names]
+def _id_names(given: dict, field_names=("pids", "camids")) -> list:
+    """The long names of the ids the input must hold (those of sets not given otherwise)."""
+    return [f"{s}_{field}" for s in SETS if s not in given for field in field_names]
 
 
 def _match_ids(source, wanted: list, keys: dict, given: dict, optional=(), **matching) -> tuple[dict, bool]:
@@ -276,15 +261,12 @@ def _check_headers(members: dict, src: str, sets=SETS) -> int:
             if ids.dtype.kind not in "iu":
                 raise StoreError(f"'{src}': '{ids.name}' has dtype {ids.dtype}; ids must be integers")
             if ids.shape[0] != feats.shape[0]:
-                raise StoreError(
-                    f"'{src}': '{ids.name}' has {ids.shape[0]} entries but '{feats.name}' has {feats.shape[0]} rows; "
-                    "features, pids and camids must have one entry per image"
-                )
+                raise StoreError(f"'{src}': '{ids.name}' has {ids.shape[0]} entries but '{feats.name}' has "
+                                 f"{feats.shape[0]} rows; features, pids and camids must have one entry per image")
     dims = {set_name: members[f"{set_name}_features"].shape[1] for set_name in sets}
     if len(set(dims.values())) > 1:
-        raise StoreError(
-            f"'{src}': query features have dimension {dims['query']} but gallery features have {dims['gallery']}"
-        )
+        raise StoreError(f"'{src}': query features have dimension {dims['query']} "
+                         f"but gallery features have {dims['gallery']}")
     return int(dims[sets[0]])
 
 
@@ -317,7 +299,7 @@ def append_npz(input_npz, store_target, paths=None, keys=None) -> Store:
     store = appendable(store_target)
     with open_source(input_npz) as source:
         if store.cameras:
-            found = match(source, ["gallery_features", *_id_names({}, sets=("gallery",))], parse_keys(keys))
+            found = match(source, ["gallery_features", "gallery_pids", "gallery_camids"], parse_keys(keys))
         else:  # converted from an input without camera ids: its new rows come without them too
             found = match(source, ["gallery_features", "gallery_pids"], parse_keys(keys), optional=["gallery_camids"])
             if "gallery_camids" in found:

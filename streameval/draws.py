@@ -1,6 +1,6 @@
-"""Seeded draws and trial masks (PROTOCOLS.md sections 1.5, 1.6, 1.8.4, 1.8.6).
+"""Seeded draws and trial masks (docs/protocols.md).
 
-Every draw goes through one 64-bit hash, ``hash_words`` (H of section 1.6), so it depends on the
+Every draw goes through one 64-bit hash, ``hash_words`` (H of docs/protocols.md#the-seeded-hash), so it depends on the
 seed and the draw's words only: not on chunking, scheduling or platform.
 
 Trial masks are bits: ``trial_bits`` gives a uint64 per extended-gallery row (bit t set = the row is
@@ -77,7 +77,7 @@ def _as_u64(word):
 
 
 def mix_words(z):
-    """SplitMix64's finaliser (section 1.6) on uint64 words: numpy arrays here, and the same
+    """SplitMix64's finaliser (docs/protocols.md#the-seeded-hash) on uint64 words: numpy arrays here, and the same
     function compiled by numba for draws made inside a kernel (``statistics.sgs``)."""
     z = (z ^ (z >> _MIX_SHIFTS[0])) * _MIX_MULTIPLIERS[0]
     z = (z ^ (z >> _MIX_SHIFTS[1])) * _MIX_MULTIPLIERS[1]
@@ -85,13 +85,13 @@ def mix_words(z):
 
 
 def mix64(z):
-    """SplitMix64's finaliser (section 1.6), elementwise, mod 2^64."""
+    """SplitMix64's finaliser (docs/protocols.md#the-seeded-hash), elementwise, mod 2^64."""
     with np.errstate(over="ignore"):
         return np.asarray(mix_words(_as_u64(z)), dtype=np.uint64)
 
 
 def hash_words(seed, *words) -> np.ndarray:
-    """H(seed; w_1 .. w_m) of section 1.6, broadcast over array words; a uint64 array (0-d for
+    """H(seed; w_1 .. w_m) of docs/protocols.md#the-seeded-hash, broadcast over array words; a uint64 array (0-d for
     scalar words)."""
     gamma = np.uint64(GAMMA)
     with np.errstate(over="ignore"):
@@ -302,8 +302,7 @@ def _listed_ordinals(table, t, pid, cam, group_size) -> np.ndarray:
     """The table's images for a gallery group in trial t, checked against the group's size."""
     entry = table.entries.get((t, cam, pid))
     if entry is None:
-        raise OptionError(f"{table.path}: trial {t} has no line for pid {pid} camera {cam}, "
-                          "which the gallery holds")
+        raise OptionError(f"{table.path}: trial {t} has no line for pid {pid} camera {cam}, which the gallery holds")
     if max(entry.images) > group_size:
         raise OptionError(f"{table.path} line {entry.line}: image {max(entry.images)} of pid {pid} camera "
                           f"{cam}, but the gallery holds {group_size} images of that pid and camera")

@@ -45,13 +45,13 @@ def evaluate(
     ``query_distances`` (query x query, same kind) for protocols that need it, as a distance store.
 
     ``protocol``: a preset name (``streameval protocols`` lists them), a .toml / .json protocol
-    file, or a ``protocols.Protocol``; its fields can be overridden (PROTOCOLS.md section 8):
+    file, or a ``protocols.Protocol``; its fields can be overridden (docs/protocols.md#4-changing-a-field-from-the-command-line):
     ``junk_pids``, ``denominator``, ``cmc``, ``trials``, ``trial_source``, ``shots``, ``seed``,
     ``sgs_mode``, ``sgs_repeats``, ``camera_rule``, ``direction``.  With trials (or sgs repeats) the
     headline values are the trials' means and ``result.trials`` holds each trial and the spread
     (std with ``std_ddof``).  A protocol with two directions (regdb) gives ``result.directions``.
 
-    GOM open-set metrics (``gom_*`` options, METRICS.md section 4) are computed unless ``no_gom``.
+    GOM open-set metrics (``gom_*`` options, docs/metrics.md#5-open-set-metrics-gom) are computed unless ``no_gom``.
 
     The other keywords (``EXECUTION_DEFAULTS``) never change a number.  Chunks: ``query_block``
     queries x ``gallery_chunk`` gallery rows per task, by default planned from ``memory_budget``
@@ -68,14 +68,14 @@ def evaluate(
     later score only the gallery rows appended since (an existing state is replaced only with
     ``overwrite_state``).
 
-    ``ranked_list=K``: also keep each query's top-K ranked list (PROTOCOLS.md section 5, in the same
+    ``ranked_list=K``: also keep each query's top-K ranked list (docs/ranked-lists.md, in the same
     pass) of trial ``trial`` (default 0), with the excluded rows before the K-th kept one if
     ``with_junk``; ``result.ranked_lists`` holds the lists of the queries ``queries`` selects
     ("all", "worst:N", "best:N", "ids:3,7"; worst and best by ``sort_by``: "ap", "inp" or "rank"),
     with every positive's rank if ``with_positives`` (docs/ranked-lists.md).
 
-    ``verification=True``: also pair-level verification, ``result.verification`` (PROTOCOLS.md
-    section 3.2): TAR at the FAR targets ``far`` (default 1e-4, 1e-3, 1e-2; exact decimals) with the
+    ``verification=True``: also pair-level verification, ``result.verification``
+    (docs/verification.md#definitions): TAR at the FAR targets ``far`` (default 1e-4, 1e-3, 1e-2; exact decimals) with the
     achieved FAR and threshold, the AUC if ``auc``, ROC / DET points at ``hist_bits`` resolution;
     one pass when the tail of smallest negatives fits ``tail_budget`` bytes (default 64 MiB), else
     an exact refinement in further passes (docs/verification.md).
@@ -83,7 +83,7 @@ def evaluate(
     ``query_variant``, ``gallery_variant``: evaluate these feature variants of the store's sets
     (docs/variants.md) instead of the clean features, e.g. one evaluation of a suite.
 
-    ``open_set=True``: also open-set identification, ``result.open_set`` (PROTOCOLS.md section 3.3,
+    ``open_set=True``: also open-set identification, ``result.open_set`` (docs/open-set.md#definitions,
     in the same pass): DIR at the FPIR targets ``fpir`` (default 0.001, 0.01, 0.1; exact decimals)
     and ranks ``dir_ranks`` (default 1, 5, 10, 20), k rounded as ``fpir_rounding`` ("round": half
     up, as Liao; or "floor") (docs/open-set.md).
@@ -94,8 +94,8 @@ def evaluate(
     variants = options.pop("query_variant", None), options.pop("gallery_variant", None)
     execution = Execution.from_options("evaluate", options)
     store = as_store(data, storage_options)
-    settings = Settings.parse(store, metric, protocol, max_rank, precision, no_gom, gom_norm, gom_bins, gom_b,
-                              gom_vp, std_ddof, **requests, **overrides)
+    settings = Settings.parse(store, metric, protocol, max_rank, precision, std_ddof, no_gom=no_gom, gom_norm=gom_norm,
+                              gom_bins=gom_bins, gom_b=gom_b, gom_vp=gom_vp, **requests, **overrides)
     store = with_variants(store, settings.protocol, *variants)
     if len(settings.protocol.directions) == 2:
         if state is not None:

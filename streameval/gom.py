@@ -1,4 +1,4 @@
-"""GOM: genuine open-set metrics (METRICS.md section 4), "Re-identification = Retrieval + Verification".
+"""GOM: genuine open-set metrics (docs/metrics.md#5-open-set-metrics-gom), "Re-identification = Retrieval + Verification".
 
 Distances are normalised to d~ in [0, 1] and thresholded on the grid ``tau_i = i * (1/N)``,
 i = 0..N; an item is returned at tau iff d~ <= tau (junk only at tau >= 1).

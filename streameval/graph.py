@@ -9,8 +9,9 @@ protocol includes them: ``gallery_parts``), each built per query block (``Plan``
                         └─> score_chunk(chunk 0..C, positives, normalisation)            scoring pass
                               in W chains (chunk w, w+W, ...) ─> tree of StatState.merge
 
-A scoring task computes one block of dot products per query sub-block and runs every requested
-statistic on it (``statistics``); trials are bits of each row (``Metadata``), counted in the same pass.
+A scoring task asks the run's block source (``sources``: a GEMM of the features, a distance store's
+values) for one block of values per query sub-block and runs every requested statistic on it
+(``statistics``); trials are bits of each row (``Metadata``), counted in the same pass.
 ``build`` chains the passes over the whole gallery (one graph: the scoring tasks wait for the
 positives and, with ``minmax``, for the per-trial ranges).  Incremental updates (``incremental.py``) run the
 passes over the new rows and over the old rows of a subset of the queries.
@@ -34,15 +35,15 @@ import numpy as np
 from dask import delayed
 
 from . import kernels, scratch
-from .errors import OptionError, StoreError
 from .gom import DistanceRange, GomOptions, Normalisation
+from .metadata import Metadata
 from .plan import Plan
 from .progress import PAIR_OVERHEAD, RANGE_PAIR_OVERHEAD, pairs_work, read_work, work_key
 from .protocol import Rules, camera_table
 from .state import Positives
 from .statistics import StatState
 from .statistics.block import Block, dropped_columns, fill_distances
-from .store import FeatureSet, read_ids, read_rows, row_number
+from .store import FeatureSet, read_ids, read_rows
 
 MERGE_FAN_IN = 8
 QUERY_SUB_BLOCK = 512  # query rows per GEMM inside a task: 512 x 4096 float32 dot products = 8 MiB
@@ -50,32 +51,25 @@ QUERY_SUB_BLOCK = 512  # query rows per GEMM inside a task: 512 x 4096 float32 d
 
 @dataclass(frozen=True)
 class Scoring:
-    """What every task needs to score pairs: working dtype, metric code, the protocol's rules, GOM
-    options, the GEMM error bound for ranking decisions (``kernels.dot_error_bound``; the threshold
-    bound is the GOM statistic's) and the statistics the scoring pass counts."""
+    """What every task needs to score pairs: working dtype, the source of the distances and their
+    error windows (``sources``), the protocol's rules, GOM options and the statistics the scoring
+    pass counts."""
 
     dtype: np.dtype
-    metric: int
+    source: object  # sources.FeatureSource, StoredSource
     rules: Rules
     gom: GomOptions | None
-    dot_bound: float
     statistics: tuple
-    similarity: bool = False  # a similarity store: its values are negated into distances
     first: tuple = ()  # statistics riding minmax normalisation's first pass (``after_first`` hands theirs on)
 
     @property
     def n_trials(self) -> int:
         return self.rules.n_trials
 
-
-@dataclass(frozen=True)
-class Metadata:
-    """What the protocol needs to know about all rows before scoring (``metadata.build``): drawn
-    trial bits (None: from cameras, per chunk) and the identities sgs draws from (None without sgs)."""
-
-    g_bits: np.ndarray | None = None  # per extended gallery row
-    q_bits: np.ndarray | None = None  # per query row
-    identities: object = None  # statistics.sgs.Identities
+    @property
+    def metric(self) -> int:
+        """The kernels' metric code of the source's values."""
+        return self.source.metric
 
 
 @dataclass(frozen=True)
@@ -133,18 +127,7 @@ def extended_rows(parts: tuple) -> int:
 def load_rows(fs: FeatureSet, rows, scoring: Scoring, meta: Metadata, part: Part | None = None) -> Rows:
     """Rows of a set (a slice or an array of row numbers): queries, or with ``part`` gallery rows."""
     features, pids, camids = read_rows(fs, rows, scoring.dtype)
-    terms = kernels.row_terms(features, scoring.metric)
-    if scoring.metric == kernels.COSINE and not terms.all():
-        row = row_number(rows, int(np.flatnonzero(terms == 0)[0]))
-        raise StoreError(f"{fs.name} row {row} is an all-zero feature vector: its cosine distance is undefined")
-    norms = terms if scoring.metric == kernels.COSINE else np.sqrt(terms)
-    bad = kernels.first_out_of_range(norms, scoring.dtype) if fs.features is not None else None
-    if bad is not None:  # its dot products would overflow or underflow in the GEMM: silently wrong numbers
-        lo, hi = kernels.NORM_RANGE[scoring.dtype]
-        raise OptionError(
-            f"{fs.name} row {row_number(rows, bad)} has norm {norms[bad]:.3g}, outside [{lo:.3g}, {hi:.3g}] where "
-            f"{scoring.dtype} dot products neither overflow nor underflow; evaluate with --precision float64 "
-            "(precision='float64')")
+    terms, norms = scoring.source.prepare(fs, rows, features)
     index = np.arange(rows.start, rows.stop, dtype=np.int64) if isinstance(rows, slice) else np.asarray(rows, np.int64)
     if part is None:
         index = index % fs.period if fs.period else index  # a stack of query variants: the clean row's draws
@@ -161,7 +144,7 @@ def find_positive_pairs(part: Part, start: int, stop: int, queries: Rows, scorin
     """Positive pairs between the query block and the part's rows [start, stop), with exact
     distances and trial bits, and each query's excluded rows per trial there.
 
-    Reads the chunk's features only when it holds a positive of some query in the block.
+    Reads the chunk's values only when it holds a positive of some query in the block.
     """
     g_pid, g_cam = read_ids(part.fs, start, stop)
     g_index = np.arange(start, stop, dtype=np.int64) + part.offset
@@ -171,35 +154,10 @@ def find_positive_pairs(part: Part, start: int, stop: int, queries: Rows, scorin
         queries.pids, queries.camids, queries.index, queries.bits, g_pid, g_cam, g_bits, part.offset + start, own_start)
     if qrows.size == 0:
         return qrows, grows, np.empty(0, dtype=np.float64), bits, junk
-    if part.fs.distances is not None:
-        dist = stored_distances(part, start, stop, queries.index, scoring)[qrows, grows]
-    else:
-        chunk = load_rows(part.fs, slice(start, stop), scoring, meta, part)
-        # an identity at a time: its queries' and gallery rows' features stay in cache for all its pairs
-        order = np.lexsort((qrows, grows, g_pid[grows]))
-        dist = np.empty(qrows.shape[0], dtype=np.float64)
-        dist[order] = kernels.pair_distances(
-            queries.features, chunk.features, qrows[order], grows[order], queries.terms, chunk.terms, scoring.metric
-        )
+    order = np.lexsort((qrows, grows, g_pid[grows]))  # an identity at a time (``pair_distances``)
+    dist = np.empty(qrows.shape[0], dtype=np.float64)
+    dist[order] = scoring.source.pair_distances(part, start, stop, queries, qrows[order], grows[order])
     return qrows, grows + part.offset + start, dist, bits, junk
-
-
-def stored_distances(part: Part, start: int, stop: int, query_index: np.ndarray, scoring: Scoring) -> np.ndarray:
-    """A distance store's float64 distances of the queries (rows ``query_index``) to the part's
-    rows [start, stop)."""
-    from .store.distances import read_distances
-
-    first = int(query_index[0]) if query_index.size else 0
-    contiguous = np.array_equal(query_index, np.arange(first, first + query_index.size))
-    rows = slice(first, first + query_index.size) if contiguous else query_index
-    return read_distances("similarity" if scoring.similarity else "distance", part.fs.distances, part.fs.name,
-                          rows, start, stop)
-
-
-def exact_source(features: np.ndarray, dots: np.ndarray, scoring: Scoring) -> np.ndarray:
-    """What ``kernels.canonical_distance`` reads as ``qf``: the query rows' features, or for stored
-    distances the block of stored values itself."""
-    return dots if scoring.metric == kernels.PRECOMPUTED else features
 
 
 def collect_positives(n_queries: int, n_trials: int, *parts) -> Positives:
@@ -211,25 +169,6 @@ def collect_positives(n_queries: int, n_trials: int, *parts) -> Positives:
     return Positives.from_pairs(n_queries, qrows, gidx, dist, bits, sum(part[4] for part in parts))
 
 
-def _sub_blocks(queries: Rows, chunk: Rows, part: Part, start: int, stop: int, scoring: Scoring):
-    """(row slice, dot products) for consecutive QUERY_SUB_BLOCK-row slices of the query block: a
-    GEMM, or for a distance store the stored distances read (``kernels.PRECOMPUTED``: a stored
-    distance is its own dot product).
-
-    A task's dot products are made a few MiB at a time, so the kernels read them from cache and the
-    task's memory does not grow with the query block.
-    """
-    for first in range(0, queries.features.shape[0], QUERY_SUB_BLOCK):
-        rows = slice(first, first + QUERY_SUB_BLOCK)
-        if part.fs.distances is not None:
-            yield rows, stored_distances(part, start, stop, queries.index[rows], scoring)
-            continue
-        a = queries.features[rows]
-        out = scratch.buffer("dots", a.dtype, (a.shape[0], chunk.features.shape[0]))
-        np.matmul(a, chunk.features.T, out=out)
-        yield rows, out
-
-
 def _in_trial(bits: np.ndarray, t: int):
     """Positions of the rows in trial t (a slice when all are)."""
     inside = ((bits >> np.uint64(t)) & np.uint64(1)).astype(bool)
@@ -237,17 +176,16 @@ def _in_trial(bits: np.ndarray, t: int):
 
 
 def _with_range(ranges: list, queries: Rows, rows: slice, chunk: Rows, dots: np.ndarray, scoring: Scoring) -> list:
-    """``ranges`` merged with the per-trial range of the sub-block's pairs (dot products ``dots``,
-    for a distance store its canonical distances)."""
+    """``ranges`` merged with the per-trial range of the sub-block's pairs (values ``dots``)."""
     out = []
     for t, known in enumerate(ranges):
         q, g = _in_trial(queries.bits[rows], t), _in_trial(chunk.bits, t)
         whole = isinstance(q, slice) and isinstance(g, slice)
         trial_dots = dots if whole else np.ascontiguousarray(dots[q][:, g])
         found = kernels.distance_range(
-            trial_dots, exact_source(queries.features[rows][q], trial_dots, scoring), chunk.features[g],
+            trial_dots, scoring.source.exact(queries.features[rows][q], trial_dots), chunk.features[g],
             queries.terms[rows][q], chunk.terms[g], queries.norms[rows][q], chunk.norms[g], scoring.metric,
-            scoring.dot_bound)
+            scoring.source.c_dot)
         out.append(DistanceRange.merge(known, DistanceRange(*found)))
     return out
 
@@ -309,20 +247,23 @@ def score_chunk(part: Part, start: int, stop: int, queries: Rows, positives: Pos
 
 
 def _blocks(part: Part, start: int, stop: int, queries: Rows, positives: Positives, scoring: Scoring, meta):
-    """(query row slice, dot products, the part's rows, Block) per query sub-block of the part's
-    rows [start, stop)."""
+    """(query row slice, values, the part's rows, Block) per QUERY_SUB_BLOCK query rows of the
+    part's rows [start, stop): a task's values are made a few MiB at a time, so the kernels read
+    them from cache and the task's memory does not grow with the query block."""
     chunk = load_rows(part.fs, slice(start, stop), scoring, meta, part)
     junk = scoring.rules.junk_mask(chunk.pids)
     filled = any(stat.reads_distances for stat in scoring.statistics)
-    refine_bound = kernels.dot_error_bound(queries.features.shape[1], np.float64)
-    for rows, dots in _sub_blocks(queries, chunk, part, start, stop, scoring):
+    source = scoring.source
+    for first in range(0, len(queries.pids), QUERY_SUB_BLOCK):
+        rows = slice(first, first + QUERY_SUB_BLOCK)
+        dots = source.block(part, start, stop, queries, chunk, rows)
         dist = scratch.buffer("distances", np.float64, dots.shape if filled else (0, 0))
         if filled:
             fill_distances(dots, queries.terms[rows], chunk.terms, scoring.metric, dist)
         q_cix, g_cix, table = camera_table(scoring.rules.protocol.x_any, queries.camids[rows], chunk.camids)
         yield rows, dots, chunk, Block(
-            dots, dist, exact_source(queries.features[rows], dots, scoring), chunk.features, queries.terms[rows],
-            chunk.terms, queries.norms[rows], chunk.norms, scoring.metric, scoring.dot_bound, refine_bound, queries.pids[rows],
+            dots, dist, source.exact(queries.features[rows], dots), chunk.features, queries.terms[rows],
+            chunk.terms, queries.norms[rows], chunk.norms, source.metric, source.c_dot, source.c_refine, queries.pids[rows],
             chunk.pids, q_cix, dropped_columns(junk, g_cix, table), queries.bits[rows], chunk.bits, part.offset + start,
             positives.offsets[rows.start:rows.stop + 1], positives.dist, positives.gidx, positives.bits)
 

@@ -438,7 +438,7 @@ def rank_summaries(pos_off, neg_slots, first_rank, ap, ap_trapezoid, inp):
 @_jit
 def gom_curves(pos_off, pos_d, neg_slots, neg_hist, junk, tau, norm_mode, lo, span, vp_jaccard, b_cap,
                rp, vp, rep, fr):
-    """Each query's GOM curves (METRICS.md 4.2) over the grid ``tau``, one row per query.
+    """Each query's GOM curves (docs/metrics.md#53-per-query-quantities) over the grid ``tau``, one row per query.
 
     Per query: R_tau = returned non-junk items (negatives from ``neg_hist``, positives from their
     exact distances) plus its ``junk`` items when tau >= 1; TP_tau = returned positives, a prefix of

@@ -76,13 +76,8 @@ def lock_path(path) -> str:
 
 # --------------------------------------------------------------------------------------- the writer lock
 
-_held: dict[str, "_Held"] = {}  # lock file -> this process's hold (re-entered by the thread that holds it)
+_held: dict[str, tuple[int, int]] = {}  # lock file -> (fd, thread) of this process's hold (re-entered by that thread)
 _registry = threading.Lock()
-
-
-class _Held:
-    def __init__(self, fd: int):
-        self.fd, self.depth, self.thread = fd, 1, threading.get_ident()
 
 
 @contextlib.contextmanager
@@ -99,22 +94,15 @@ def writing(path, creating: bool = False):
     where = lock_path(path)
     with _registry:
         own = _held.get(where)
-        if own is not None and own.thread == threading.get_ident():
-            own.depth += 1
-        else:
-            own = None
-    if own is not None:
-        try:
-            yield
-        finally:
-            own.depth -= 1
+    if own is not None and own[1] == threading.get_ident():
+        yield  # re-entered: the outer block releases it
         return
-    held = _acquire(where, os.fspath(path), creating)
-    if held is None:
+    fd = _acquire(where, os.fspath(path), creating)
+    if fd is None:
         yield
         return
     with _registry:
-        _held[where] = held
+        _held[where] = (fd, threading.get_ident())
     try:
         yield
     finally:
@@ -122,11 +110,11 @@ def writing(path, creating: bool = False):
             del _held[where]
         with contextlib.suppress(OSError):
             os.unlink(where)  # while still holding it: a waiter then finds the file gone and opens the next one
-        os.close(held.fd)
+        os.close(fd)
 
 
-def _acquire(where: str, path: str, creating: bool) -> _Held | None:
-    """This process's hold of the lock file ``where``; None where no lock file can be made because
+def _acquire(where: str, path: str, creating: bool) -> int | None:
+    """The descriptor of the lock file ``where``, locked; None where no lock file can be made because
     nothing can be written there (a read-only or full file system: the write fails on its own)."""
     deadline = time.monotonic() + wait_seconds()
     while True:
@@ -134,18 +122,17 @@ def _acquire(where: str, path: str, creating: bool) -> _Held | None:
         if fd is None:
             return None
         try:
-            held = _try_acquire(fd, where, path, creating)
+            if _try_acquire(fd, where, path, creating):
+                return fd
         except BaseException:
             os.close(fd)
             raise
-        if held is not None:
-            return held
         if time.monotonic() >= deadline:
-            raise LockError(_busy(path, _holder(where), where))
+            raise LockError(_busy(path, _peek(where), where))
         time.sleep(POLL)
 
 
-def _try_acquire(fd: int, where: str, path: str, creating: bool) -> _Held | None:
+def _try_acquire(fd: int, where: str, path: str, creating: bool) -> bool:
     """Take the lock through ``fd`` (closed when it is not taken)."""
     if _flock(fd, fcntl.LOCK_EX) and _is_linked(fd, where):
         left = _record(fd)
@@ -154,19 +141,20 @@ def _try_acquire(fd: int, where: str, path: str, creating: bool) -> _Held | None
             if left:
                 print(f"note: took over the lock of '{path}' left by {_describe(left)}, which is no longer running",
                       file=sys.stderr)
-            return _Held(fd)
+            return True
     os.close(fd)
-    return None
+    return False
 
 
-def _holder(where: str) -> dict | None:
-    """The record in the lock file ``where`` of the process that keeps us waiting, if any is there."""
+def _peek(where: str, if_held: bool = False) -> dict | None:
+    """The record in the lock file ``where`` (``_record``); None without the file or, ``if_held``,
+    when nobody holds its flock."""
     try:
         fd = os.open(where, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        return _record(fd) or None
+        return None if if_held and _flock(fd, fcntl.LOCK_SH) else _record(fd)
     finally:
         os.close(fd)
 
@@ -279,17 +267,8 @@ def _creator(path: str) -> dict | None:
     with _registry:
         if where in _held:  # this process creates it: its own reads are part of that
             return None
-    try:
-        fd = os.open(where, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if _flock(fd, fcntl.LOCK_SH):
-            return None
-        record = _record(fd)
-        return record if record.get("creating", True) else None  # a record still being written: assume so
-    finally:
-        os.close(fd)
+    record = _peek(where, if_held=True)
+    return record if record is not None and record.get("creating", True) else None  # one being written: assume so
 
 
 # --------------------------------------------------------------------------------------- the reader lock
@@ -313,17 +292,13 @@ class Reading:
         self.release()
 
     def __reduce__(self):
-        return (_released, ())
-
-
-def _released():
-    return None
+        return (type(None), ())  # unpickled as None
 
 
 def reading(path) -> Reading | None:
     """A reader lock on the store directory at ``path``; None when it cannot be opened (open_store
-    reports that) or its file system locks no directories.  Waits up to ``WAIT`` seconds while the store is being created or replaced, then
-    LockError naming who does it."""
+    reports that) or its file system locks no directories.  Waits up to ``WAIT`` seconds while the
+    store is being created or replaced, then LockError naming who does it."""
     path = os.fspath(path)
     deadline = time.monotonic() + wait_seconds()
     while True:
@@ -335,16 +310,13 @@ def reading(path) -> Reading | None:
         if taken is None:
             os.close(fd)
             return None
-        if taken and _is_linked(fd, path):
-            creator = _creator(path)
-            if creator is None:
-                stat = os.fstat(fd)
-                lock = Reading(fd, (stat.st_dev, stat.st_ino))
-                with _registry:
-                    _readers.setdefault(lock.key, weakref.WeakSet()).add(lock)
-                return lock
-        else:
-            creator = _creator(path) or {}
+        creator = _creator(path)
+        if taken and _is_linked(fd, path) and creator is None:
+            stat = os.fstat(fd)
+            lock = Reading(fd, (stat.st_dev, stat.st_ino))
+            with _registry:
+                _readers.setdefault(lock.key, weakref.WeakSet()).add(lock)
+            return lock
         os.close(fd)
         if time.monotonic() >= deadline:
             doing = f"by {_describe(creator)}" if creator else "by another process"

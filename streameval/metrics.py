@@ -1,17 +1,5 @@
-"""From per-query counts to the reported metrics (METRICS.md section 3), last step of the pipeline.
-
-Closed-set metrics average over Q+ (queries with at least one positive; under the ``zero``
-denominator policy, PROTOCOLS.md 1.4, the sums are divided by all the trial's queries instead):
-
-* ``cmc[k-1]`` (CMC@k) = |{q in Q+ : r_1(q) <= k}| / |Q+|, k = 1..max_rank (r_1: the rank of the
-  protocol's CMC flavour: first hit, identity-dedup rho, or sgs)
-* ``mAP``            = mean over Q+ of AP(q) = (1/n) sum_j j / r_j
-* ``mAP_trapezoid``  = mean over Q+ of (1/n) sum_j ((j-1)/(r_j-1) + j/r_j) / 2
-* ``mINP``           = mean over Q+ of n / r_n
-
-With Q+ empty every closed-set value is None (and the report says so).  ``trials.py`` computes
-them per trial (or sgs repeat) and their spread.
-"""
+"""What one evaluation produced: :class:`Result` (its values, per query and per trial, and how the
+run went) and its dictionary for JSON.  The closed-set values are computed in ``closed_set.py``."""
 
 from __future__ import annotations
 
@@ -19,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import __version__, kernels
+from . import __version__
 from .choices import RESULT_SCHEMA
 
 
@@ -43,15 +31,15 @@ class Result:
     options: dict = field(default_factory=dict)
     run: dict = field(default_factory=dict)
     gom: dict | None = None
-    protocol_record: dict | None = None  # the resolved protocol (PROTOCOLS.md section 1)
+    protocol_record: dict | None = None  # the resolved protocol (docs/protocols.md)
     cmc_flavour: str = "first-hit"
     cmc_first_hit: list | None = None  # when the flavour is another
     cmc_sgs_expected: list | None = None  # sgs mode both
     trials: dict | None = None  # per trial (or sgs repeat) values and their spread; headline = means
     directions: dict | None = None  # regdb: each direction's result (to_dict(per_query=True) of each)
     ranked_lists: object = None  # ranked.RankedLists with ranked_list=K: records, worst and best queries
-    open_set: dict | None = None  # with open_set=True: DIR@FPIR (PROTOCOLS.md section 3.5, openset.py)
-    verification: dict | None = None  # with verification=True: TAR@FAR, AUC, ROC (PROTOCOLS.md 3.5, verification.py)
+    open_set: dict | None = None  # with open_set=True: DIR@FPIR (docs/options.md#the-json-result, openset.py)
+    verification: dict | None = None  # with verification=True: TAR@FAR, AUC, ROC (docs/options.md#the-json-result, verification.py)
     warnings: list = field(default_factory=list)  # what the numbers may hide, e.g. a protocol keeping few queries
 
     def rank(self, k: int) -> float | None:
@@ -90,7 +78,7 @@ class Result:
         return {name: {k: v for k, v in d.items() if k != "per_query"} for name, d in self.directions.items()}
 
     def to_dict(self, per_query: bool = False) -> dict:
-        """JSON-ready dict with the keys of METRICS.md section 5 (plus options and run facts)."""
+        """JSON-ready dict with the keys of docs/options.md (plus options and run facts)."""
         out = {
             "result_schema": RESULT_SCHEMA,
             "streameval_version": __version__,
@@ -146,36 +134,3 @@ def _json_list(values: np.ndarray):
     if values.ndim > 1:
         return [_json_list(row) for row in values]
     return [None if isinstance(v, float) and v != v else v for v in values.tolist()]
-
-
-def query_values(positives, slots: np.ndarray) -> dict:
-    """Per-query first-hit rank, AP (both conventions), INP and number of positives, from the slot
-    counts of one trial (``statistics.slots.restrict``); queries without positives get rank -1 and NaN."""
-    n = positives.n_queries
-    out = {"first_hit_rank": np.empty(n, dtype=np.int64), "ap": np.empty(n), "ap_trapezoid": np.empty(n),
-           "inp": np.empty(n)}
-    kernels.rank_summaries(positives.offsets, slots, out["first_hit_rank"], out["ap"], out["ap_trapezoid"], out["inp"])
-    out["n_positives"] = positives.counts
-    return out
-
-
-def cmc_curve(ranks: np.ndarray, max_rank: int, denominator: int) -> np.ndarray:
-    """CMC@k for k = 1..max_rank: the share of ``denominator`` queries whose rank (of the valid
-    queries' ``ranks``) is at most k."""
-    hits = np.bincount(np.minimum(ranks, max_rank + 1) - 1, minlength=max_rank + 1)[:max_rank]
-    return np.cumsum(hits) / denominator
-
-
-def closed_set(per_query: dict, valid: np.ndarray, n_counted: int, max_rank: int, ranks: np.ndarray | None = None) -> dict:
-    """Closed-set aggregates over ``valid`` queries, divided by ``n_counted`` (|Q+| under the skip
-    policy, all the trial's queries under zero); ``ranks``: the CMC flavour's rank per query
-    (default: the first-hit rank).  None everywhere when Q+ is empty."""
-    if not valid.any():
-        return {"cmc": None, "mAP": None, "mAP_trapezoid": None, "mINP": None}
-    ranks = per_query["first_hit_rank"] if ranks is None else ranks
-    return {
-        "cmc": cmc_curve(ranks[valid], max_rank, n_counted),
-        "mAP": float(per_query["ap"][valid].sum() / n_counted),
-        "mAP_trapezoid": float(per_query["ap_trapezoid"][valid].sum() / n_counted),
-        "mINP": float(per_query["inp"][valid].sum() / n_counted),
-    }

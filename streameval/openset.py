@@ -1,4 +1,4 @@
-"""Open-set identification: DIR at FPIR targets and rank points (PROTOCOLS.md section 3.3).
+"""Open-set identification: DIR at FPIR targets and rank points (docs/open-set.md#definitions).
 
 Liao et al. 2014 (BLUFR ``OpenSetROC.m``), extended to multi-shot galleries, junk, camera rules and
 trials.  Per trial, from the state of the one scoring pass (nothing of size queries x gallery):
@@ -224,26 +224,3 @@ def _trials_note(sections: list) -> str | None:
             by_note.setdefault(section["note"], []).append(t)
     return "; ".join(f"trial{'s' if len(ts) > 1 else ''} {', '.join(map(str, ts))}: {note}"
                      for note, ts in by_note.items()) or None
-
-
-# ------------------------------------------------------------------------------------------ summary
-
-
-def summary_lines(section: dict) -> list[str]:
-    """The terminal table's open-set lines: the populations, then DIR per rank at each target."""
-    def pct(value):
-        return "n/a" if value is None else f"{100 * value:.2f}%"
-
-    def count(value):  # a mean over trials need not be whole
-        return f"{int(value):,}" if float(value).is_integer() else f"{value:,.1f}"
-
-    trials = f"; means over {section['T']} trials" if "T" in section else ""
-    lines = [f"  open-set DIR@FPIR ({count(section['n_non_mated'])} non-mated, {count(section['n_mated'])} mated "
-             f"queries; k rounded {'half up' if section['rounding'] == 'round' else 'down'}{trials})"]
-    for point in section["points"]:
-        ranks = "  ".join(f"R{rank} {pct(value)}" for rank, value in point["dir"].items())
-        lines.append(f"    FPIR {point['fpir']:g} (achieved {pct(point['achieved_fpir'])}): {ranks}")
-    if section["note"]:
-        limit = "  ".join(f"R{rank} {pct(value)}" for rank, value in section["closed_set_limit"].items())
-        lines.append(f"    {section['note']}: {limit}")
-    return lines

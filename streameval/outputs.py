@@ -18,6 +18,7 @@ Imports nothing heavy: the CLI checks its outputs before loading the engine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -160,10 +161,8 @@ def replace_file(path, write) -> None:
         write(tmp)
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 

@@ -159,11 +159,15 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner, byt
     ``run_facts``, and the time of each phase of ``runner.phases``, this one ("metrics") included,
     with numba's compiling or loading of kernels the rehearsal did not meet named apart.
     With ranked lists, the lists of the queries ``selection`` (a ``ranked.Selection``) names;
-    ``verification``: the section ``verification.report`` made while the session was open."""
-    from . import openset, trials
+    ``verification``: the section ``verification.report`` made while the session was open (its
+    refinement may take further passes); each other feature's section is made here (``Feature.finalise``)."""
+    from . import trials
+    from .features import REGISTRY
     from .store import read_ids
 
     meta = meta or graph.Metadata()
+    finalising = [feature for feature in REGISTRY
+                  if feature.finalise is not None and getattr(settings, feature.name) is not None]
     with compile_timer() as compiling:
         q_cam = read_ids(store.query)[1]
         q_bits = meta.q_bits if meta.q_bits is not None else settings.rules.camera_bits(
@@ -171,14 +175,13 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner, byt
         norms = graph.normalisations(settings.gom, state.dist_range, settings.n_trials)
         found, extras = trials.entries(state, settings, q_bits, q_cam, meta, norms)
         values, block = trials.headline(found, settings.max_rank, settings.std_ddof)
-        open_set = None if settings.open_set is None else openset.finalise(state, settings, q_bits)
+        sections = {"gom": values["gom"], "verification": verification}
+        for feature in (feature for feature in finalising if feature.phase is None):
+            sections[feature.name] = feature.finalise(store, settings, state, q_bits, selection)
     runner.phases.lap("metrics", carved={COMPILING: compiling.seconds} if compiling.seconds else None)
-    ranked_lists = None
-    if settings.ranked is not None:
-        from .ranked import finalise
-
-        ranked_lists = finalise(store, settings, state, q_bits, selection)
-        runner.phases.lap("ranked lists")
+    for feature in (feature for feature in finalising if feature.phase is not None):
+        sections[feature.name] = feature.finalise(store, settings, state, q_bits, selection)
+        runner.phases.lap(feature.phase)
     per_query = found[0]["per_query"] if len(found) == 1 else {
         name: np.stack([entry["per_query"][name] for entry in found]) for name in found[0]["per_query"]}
     cmc = values["cmc"]
@@ -187,8 +190,7 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner, byt
         n_open_queries=values["n_open_queries"], n_gallery=state.gallery_rows, metric=settings.metric,
         protocol=settings.protocol.name, max_rank=settings.max_rank, per_query=per_query,
         cmc=None if cmc is None else np.asarray(cmc), mAP=values["mAP"], mAP_trapezoid=values["mAP_trapezoid"],
-        mINP=values["mINP"], gom=values["gom"],
-        options={"precision": settings.precision, "std_ddof": settings.std_ddof},
+        mINP=values["mINP"], options={"precision": settings.precision, "std_ddof": settings.std_ddof},
         run={
             "query_block": runner.plan.query_block, "gallery_chunk": runner.plan.gallery_chunk,
             "workers": runner.plan.workers, "scheduler": runner.where, "bytes_read": bytes_read,
@@ -196,8 +198,8 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner, byt
         },
         protocol_record=settings.protocol.to_record(), cmc_flavour=settings.protocol.cmc, cmc_first_hit=values["cmc_first_hit"],
         cmc_sgs_expected=None if extras.get("cmc_sgs_expected") is None else list(map(float, extras["cmc_sgs_expected"])),
-        trials=block, ranked_lists=ranked_lists, open_set=open_set, verification=verification,
-        warnings=camera_set_warnings(store, settings.protocol, q_cam),
+        trials=block, warnings=camera_set_warnings(store, settings.protocol, q_cam),
+        **{feature.result_field: sections.get(feature.name) for feature in REGISTRY if feature.result_field},
     )
 
 

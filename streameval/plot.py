@@ -14,7 +14,7 @@ One panel per kind of data, left out when no result has it, one colour per resul
 * GOM mFR against tau (open-set queries);
 * rank-1 and mAP of every trial (results with trials).
 
-A suite result (``streameval suite --json``, PROTOCOLS.md section 4.3) is drawn as a figure of its
+A suite result (``streameval suite --json``, docs/suites.md#the-result-json) is drawn as a figure of its
 own (:func:`suite_figure`): mAP, mINP and R1 per setting, the mean with +- 1 std error bars and each
 trial as a dot, several suites side by side within each setting.  Suites and eval results do not mix.
 
@@ -161,7 +161,7 @@ def curves(result: dict, label: str) -> Curves:
 
 
 def suite_bars(result: dict, label: str) -> SuiteBars:
-    """``result`` (a suite result, COMMON section 3 / PROTOCOLS.md 4.3) as :class:`SuiteBars`;
+    """``result`` (a suite result, COMMON section 3 / docs/suites.md#the-result-json) as :class:`SuiteBars`;
     ValueError, KeyError or TypeError when a value is not what streameval writes."""
     suite = result["suite"]
     settings = suite["settings"]
@@ -340,7 +340,7 @@ def _colour(i: int) -> str:
 def _cmc_panel(ax, runs: list[Curves]) -> None:
     from matplotlib.ticker import MaxNLocator
 
-    lows, highs = [], []
+    values = []
     for i, run in enumerate(runs):
         if run.cmc is None:
             continue
@@ -351,9 +351,8 @@ def _cmc_panel(ax, runs: list[Curves]) -> None:
         if run.cmc_std is not None:
             low, high = run.cmc - run.cmc_std, run.cmc + run.cmc_std
             ax.fill_between(ranks, low, high, color=_colour(i), alpha=0.15, linewidth=0)
-        lows.append(low)
-        highs.append(high)
-    low, high = _limits(lows + highs, 100)
+        values += [low, high]
+    low, high = _limits(values, 100)
     ax.set_ylim(low, min(high, 100.0))  # no CMC passes 100%, nor should its axis (a std band may)
     last = max(len(run.cmc) for run in runs if run.cmc is not None)
     ax.set_xlim(1 - 0.02 * last, last * 1.02)  # from rank 1, with room for its marker
@@ -401,7 +400,7 @@ def _roc_panel(ax, runs: list[Curves]) -> None:
         found = run.verification
         if found is None:
             continue
-        far, tar = _roc_points(_through_marks(found))
+        far, tar = _roc_points(found)
         if len(far):
             auc = "" if found["auc"] is None else f": AUC {found['auc']:.4f}"
             ax.plot(far, tar, color=_colour(i), label=run.label + auc)
@@ -425,7 +424,7 @@ def _det_panel(ax, runs: list[Curves]) -> None:
         found = run.verification
         if found is None:
             continue
-        far, fnmr = _det_points(*_through_marks(found).values())
+        far, fnmr = _det_points(*_through_marks(found))
         if len(far):
             ax.plot(far, fnmr, color=_colour(i), label=run.label)
         far, fnmr = _det_points(*found["marks"].T)
@@ -437,20 +436,20 @@ def _det_panel(ax, runs: list[Curves]) -> None:
            title="DET, pair-level verification")
 
 
-def _through_marks(found: dict) -> dict:
+def _through_marks(found: dict) -> tuple[np.ndarray, np.ndarray]:
     """The curve's points and the exact (requested FAR, TAR) points together, in FAR order (then
     TAR's): the line drawn passes through the marks printed beside it.  Between two histogram
     points a straight line is not the ROC; at a requested FAR the exact TAR is."""
     far = np.concatenate([found["far"], found["marks"][:, 0]])
     tar = np.concatenate([found["tar"], found["marks"][:, 1]])
     order = np.lexsort((tar, far))
-    return {"far": far[order], "tar": tar[order]}
+    return far[order], tar[order]
 
 
 def _roc_points(found: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(FAR, TAR) of the ROC curve that a log FAR axis can show: FAR 0 lies off it."""
-    keep = found["far"] > 0
-    return found["far"][keep], found["tar"][keep]
+    """(FAR, TAR) of the ROC curve (``_through_marks``) that a log FAR axis can show: FAR 0 lies off it."""
+    far, tar = _through_marks(found)
+    return far[far > 0], tar[far > 0]
 
 
 def _det_points(far: np.ndarray, tar: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -520,25 +519,13 @@ def _trials_panel(ax, runs: list[Curves]) -> None:
     ax.set(xlabel="trial", ylabel="rank-1 and mAP (%)", title="Each trial (rank-1 solid, mAP dashed)")
 
 
-def _has_dir(run: Curves) -> bool:
-    return run.open_set is not None and any(np.isfinite(v).any() for v in run.open_set["dir"].values())
-
-
-def _has_roc(run: Curves) -> bool:
-    found = run.verification
-    return found is not None and bool(len(_roc_points(_through_marks(found))[0]))
-
-
-def _has_det(run: Curves) -> bool:
-    found = run.verification
-    return found is not None and bool(len(_det_points(*_through_marks(found).values())[0]))
-
-
 PANELS = (  # (has data, draw)
     (lambda run: run.cmc is not None, _cmc_panel),
-    (_has_dir, _dir_panel),
-    (_has_roc, _roc_panel),
-    (_has_det, _det_panel),
+    (lambda run: run.open_set is not None and any(np.isfinite(v).any() for v in run.open_set["dir"].values()),
+     _dir_panel),
+    (lambda run: run.verification is not None and len(_roc_points(run.verification)[0]) > 0, _roc_panel),
+    (lambda run: run.verification is not None and len(_det_points(*_through_marks(run.verification))[0]) > 0,
+     _det_panel),
     (lambda run: "mReP" in run.gom, _rep_panel),
     (lambda run: "mFR" in run.gom, _fr_panel),
     (lambda run: run.per_trial is not None and not np.isnan(run.per_trial["rank1"]).all(), _trials_panel),

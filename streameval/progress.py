@@ -156,8 +156,7 @@ class Reporter:
         self.label = label
         self.stream = stream if stream is not None else sys.stderr
         self.interactive = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self._last_logged = -LOG_STEP
-        self._last_drawn = -REDRAW_S
+        self.restart()
 
     def show(self, percent: int, passes: str, elapsed: float, eta: float | str | None) -> None:
         """``eta``: seconds, ESTIMATING, or None for none (while kernels compile, before the passes)."""
@@ -252,7 +251,7 @@ class Bar:
 
     def start(self, now: float) -> None:
         self.started = self.last_finish = now
-        self._show()
+        self.redraw()
 
     @contextmanager
     def compiling(self):
@@ -273,10 +272,6 @@ class Bar:
             done.set()
             ticker.join()
             self.reporter.restart()
-
-    def redraw(self) -> None:
-        """Draw again (what is under way changed, no work was done)."""
-        self._show()
 
     def expect(self, pass_name: str, work: int) -> None:
         """Announce a pass of a later compute, so the bar's length counts it from the start."""
@@ -317,7 +312,7 @@ class Bar:
             self.last_finish = now
             self.done[pass_name] = self.done.get(pass_name, 0) + work
             self.tasks_done[pass_name] = self.tasks_done.get(pass_name, 0) + 1
-        self._show()
+        self.redraw()
 
     def close(self, now: float) -> None:
         """The run's passes are complete: the one 100% line, with the bar's time."""
@@ -377,7 +372,8 @@ class Bar:
         begun = [p for p in left if self.done.get(p, 0) > 0]
         return ", ".join(begun or left[:1] or [p for p in PASSES if p in self.total][-1:])
 
-    def _show(self) -> None:
+    def redraw(self) -> None:
+        """Draw the bar as it stands (also when what is under way changed, no work was done)."""
         if self.started is None:
             return
         with self._drawing:

@@ -1,4 +1,4 @@
-"""Who is kept, positive or negative for a query (PROTOCOLS.md section 1.2), from ids alone.
+"""Who is kept, positive or negative for a query (docs/protocols.md#the-kept-set), from ids alone.
 
 The protocol is a record (``protocols.record.Protocol``); this module applies it to rows:
 
@@ -19,19 +19,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .draws import eligible_rows
+
+
+def in_relation(relation, q_cam: np.ndarray, g_cam: np.ndarray) -> np.ndarray:
+    """Elementwise (broadcast): whether each pair (q_cam, g_cam) is in ``relation`` (a
+    ``protocols.record.CameraRelation``)."""
+    inside = np.zeros(np.broadcast(q_cam, g_cam).shape, dtype=bool)
+    if relation.equal:
+        inside |= q_cam == g_cam
+    for qc, gc in relation.pairs:
+        inside |= (q_cam == qc) & (g_cam == gc)
+    return inside
 
 
 def relation_matrix(relation, q_cams: np.ndarray, g_cams: np.ndarray) -> np.ndarray:
-    """bool (len(q_cams), len(g_cams)): whether each (query camera, gallery camera) pair is in
-    ``relation`` (a ``protocols.record.CameraRelation``)."""
-    q_cams = np.asarray(q_cams, dtype=np.int64)[:, None]
-    g_cams = np.asarray(g_cams, dtype=np.int64)[None, :]
-    inside = np.zeros((q_cams.shape[0], g_cams.shape[1]), dtype=bool)
-    if relation.equal:
-        inside |= q_cams == g_cams
-    for qc, gc in relation.pairs:
-        inside |= (q_cams == qc) & (g_cams == gc)
-    return inside
+    """bool (len(q_cams), len(g_cams)): whether each (query camera, gallery camera) pair is in ``relation``."""
+    q_cams, g_cams = np.asarray(q_cams, dtype=np.int64), np.asarray(g_cams, dtype=np.int64)
+    return in_relation(relation, q_cams[:, None], g_cams[None, :])
 
 
 def camera_table(relation, q_cam: np.ndarray, g_cam: np.ndarray):
@@ -43,16 +48,6 @@ def camera_table(relation, q_cam: np.ndarray, g_cam: np.ndarray):
     if table.size == 0:
         table = np.zeros((1, 1), dtype=np.uint8)
     return q_cix.astype(np.int64), g_cix.astype(np.int64), table
-
-
-def in_relation(relation, q_cam: np.ndarray, g_cam: np.ndarray) -> np.ndarray:
-    """Elementwise: whether each pair (q_cam[k], g_cam[k]) is in ``relation``."""
-    inside = np.zeros(np.broadcast(q_cam, g_cam).shape, dtype=bool)
-    if relation.equal:
-        inside |= q_cam == g_cam
-    for qc, gc in relation.pairs:
-        inside |= (q_cam == qc) & (g_cam == gc)
-    return inside
 
 
 @dataclass(frozen=True)
@@ -76,8 +71,7 @@ class Rules:
     def camera_bits(self, cams: np.ndarray, allowed) -> np.ndarray:
         """Trial bits of rows without drawn trials: all T bits for rows whose camera is allowed."""
         every = np.uint64((1 << self.n_trials) - 1)  # T <= 64 bits
-        inside = np.ones(cams.shape, dtype=bool) if allowed is None else np.isin(cams, np.asarray(allowed))
-        return np.where(inside, every, np.uint64(0)).astype(np.uint64)
+        return np.where(eligible_rows(cams, allowed), every, np.uint64(0)).astype(np.uint64)
 
     def positive_pairs(self, q_pid, q_cam, q_index, q_bits, g_pid, g_cam, g_bits, g_start: int, own_start):
         """Positive pairs between a query block and a chunk of the extended gallery, with each
@@ -87,30 +81,27 @@ class Rules:
         ``own_start``: the extended row of query 0's copy (None when queries are not included).
         Returns (query positions in the block, extended gallery rows, bits, excluded counts).
         """
-        p = self.protocol
+        p, n_trials = self.protocol, self.n_trials
         junk = self.junk_mask(g_pid).astype(bool)
-        excluded = _trial_counts(g_bits[junk], self.n_trials)[None, :].repeat(q_pid.shape[0], axis=0)
+        excluded = _in_trials(g_bits[junk], n_trials).sum(axis=0)[None, :].repeat(q_pid.shape[0], axis=0)
         q_codes, q_class = np.unique(q_cam, return_inverse=True)
         g_codes, g_class = np.unique(g_cam[~junk], return_inverse=True)
-        per_camera = np.stack([_trial_counts(g_bits[~junk][g_class == c], self.n_trials)
-                               for c in range(g_codes.shape[0])]) if g_codes.size else np.zeros((0, self.n_trials))
-        excluded += (relation_matrix(p.x_any, q_codes, g_codes).astype(np.int64) @ per_camera.astype(np.int64))[q_class]
+        per_camera = np.zeros((g_codes.shape[0], n_trials), dtype=np.int64)
+        np.add.at(per_camera, g_class, _in_trials(g_bits[~junk], n_trials))
+        excluded += (relation_matrix(p.x_any, q_codes, g_codes).astype(np.int64) @ per_camera)[q_class]
         qrows, grows = _same_pid_pairs(q_pid, g_pid, ~junk)
         bits = g_bits[grows] & q_bits[qrows]
         dropped = in_relation(p.x_any, q_cam[qrows], g_cam[grows])  # counted above
         own = np.zeros(qrows.shape, dtype=bool) if own_start is None else g_start + grows == own_start + q_index[qrows]
         gone = ~dropped & (in_relation(p.x_same, q_cam[qrows], g_cam[grows]) | own)
-        for t in range(self.n_trials):
-            excluded[:, t] += np.bincount(qrows[gone], weights=(bits[gone] >> np.uint64(t)) & np.uint64(1),
-                                          minlength=q_pid.shape[0]).astype(np.int64)
+        np.add.at(excluded, qrows[gone], _in_trials(bits[gone], n_trials))
         keep = ~dropped & ~gone & (bits != 0)
-        in_trial = (q_bits[:, None] >> np.arange(self.n_trials, dtype=np.uint64)[None, :]) & np.uint64(1)
-        return qrows[keep], grows[keep], bits[keep], excluded * in_trial.astype(np.int64)
+        return qrows[keep], grows[keep], bits[keep], excluded * _in_trials(q_bits, n_trials)
 
 
-def _trial_counts(bits: np.ndarray, n_trials: int) -> np.ndarray:
-    """Rows in each trial among rows with trial ``bits``."""
-    return np.array([int(((bits >> np.uint64(t)) & np.uint64(1)).sum()) for t in range(n_trials)], dtype=np.int64)
+def _in_trials(bits: np.ndarray, n_trials: int) -> np.ndarray:
+    """int64 (rows, T): 1 where the row's trial bit t is set."""
+    return ((bits[:, None] >> np.arange(n_trials, dtype=np.uint64)) & np.uint64(1)).astype(np.int64)
 
 
 def _same_pid_pairs(q_pid: np.ndarray, g_pid: np.ndarray, candidates: np.ndarray):

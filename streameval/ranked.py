@@ -1,4 +1,4 @@
-"""Ranked lists (PROTOCOLS.md section 5): per query its top-k gallery rows in key order, the
+"""Ranked lists (docs/ranked-lists.md): per query its top-k gallery rows in key order, the
 positives' ranks, and the worst and best queries, from the state of the one scoring pass.
 
 * :class:`Spec` (``ranked_list=K``, ``trial``, ``with_junk``): what the pass keeps, the ``topk``
@@ -42,7 +42,7 @@ GROUP_FORMAT = 1  # of the zarr group's layout (attribute streameval_ranked)
 
 @dataclass(frozen=True)
 class Spec:
-    """What the scoring pass keeps for ranked lists (PROTOCOLS.md 5.1, 5.5)."""
+    """What the scoring pass keeps for ranked lists (docs/ranked-lists.md)."""
 
     k: int
     trial: int = 0
@@ -234,14 +234,14 @@ def _gallery_facts(store, rows: np.ndarray) -> tuple:
 def finalise(store, settings, state, q_bits: np.ndarray, selection: Selection | None) -> "RankedLists":
     """The ranked lists of ``state`` (a ``QueryState`` with the ``topk`` statistic) for the
     settings' ``ranked`` Spec: the worst and best queries and the selected queries' lists."""
-    from . import metrics
+    from .closed_set import query_values
     from .statistics.dedup import dedup_ranks
     from .statistics.slots import restrict
 
     spec, selection = settings.ranked, selection or Selection()
     t, arrays = spec.trial, state.stats.arrays
     positives, slots = restrict(state.positives, arrays["slots/counts"], t)
-    values = metrics.query_values(positives, slots)
+    values = query_values(positives, slots)
     in_trial = ((q_bits >> np.uint64(t)) & np.uint64(1)).astype(bool)
     valid = np.flatnonzero(in_trial & (values["n_positives"] > 0))
     if settings.protocol.cmc == "identity-dedup":
@@ -345,7 +345,7 @@ class RankedLists:
         self.path = path
 
     def file_names(self) -> str:
-        """The plain CSV of PROTOCOLS.md 5.2: per query its top-k in order, one line per item, with
+        """The plain CSV of docs/ranked-lists.md#one-record-per-query-json-lines: per query its top-k in order, one line per item, with
         the query's and the item's image paths (empty without paths) and the item's mark."""
         import csv
         import io

@@ -1,5 +1,5 @@
 """Rate targets (FAR, FPIR) as the decimals a user wrote, exactly: 0.29 is 29/100, not float64's
-0.28999..., so k = floor(0.29 x 100) is 29 (PROTOCOLS.md 3.2, 3.3).  No numpy: option parsing."""
+0.28999..., so k = floor(0.29 x 100) is 29 (docs/verification.md#definitions; docs/open-set.md#definitions).  No numpy: option parsing."""
 
 from __future__ import annotations
 

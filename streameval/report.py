@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .errors import OptionError
+from .features import REGISTRY, TARGETED
 
 if TYPE_CHECKING:
     from .metrics import Result
@@ -66,16 +67,9 @@ def summary(result: Result, label: str = "", ranks=None) -> str:
         ]
     if result.trials is not None:
         lines.append(_trial_line(result.trials, ranks))
-    if result.gom is not None:
-        lines += _gom_lines(result.gom)
-    if result.open_set is not None:
-        from .openset import summary_lines
-
-        lines += summary_lines(result.open_set)
-    if result.verification is not None:
-        from .verification import summary_lines as verification_lines
-
-        lines += verification_lines(result.verification)
+    for feature in REGISTRY:
+        if feature.result_field and getattr(result, feature.result_field) is not None:
+            lines += feature.summary_lines(getattr(result, feature.result_field))
     if result.directions:
         lines += [f"  direction {name}: rank-1 {_pct(d['rank1'])}   mAP {_pct(d['mAP'])}   mINP {_pct(d['mINP'])}"
                   for name, d in result.directions.items()]
@@ -146,41 +140,6 @@ def _update_line(update: dict, n_queries: int) -> str:
     return line + "no new positives: only the new rows scored"
 
 
-def _num(value, fmt=".4f") -> str:
-    return "n/a" if value is None else format(value, fmt)
-
-
-def _gom_lines(gom: dict) -> list[str]:
-    norm = gom["normalisation"]
-    if gom["dmin"] is not None:
-        norm += f" [{gom['dmin']:.4g}, {gom['dmax']:.4g}]"
-    lines = [f"  GOM ({norm}, {gom['bins']} bins, vp {gom['vp']}, B {gom['B']})"]
-    if gom["mReP"] is None:
-        lines.append("    no query with positives: mReP/mRP/mVP are undefined")
-    else:
-        lines.append(f"    mReP_max {_num(gom['mReP_max'])} at tau {_num(gom['tau_max'], '.2f')}   "
-                     f"MREP {_num(gom['MREP'])}   mVP_max {_num(gom['mVP_max'])}")
-    if gom["mFR"] is None:
-        lines.append("    no open-set query (without positives): mFR/MFR/tau_nz are undefined")
-    else:
-        lines.append(f"    MFR {_num(gom['MFR'])}   tau_nz {_num(gom['tau_nz'], '.2f')}")
-    warning = clipping_warning(gom)
-    if warning:
-        lines.append(f"    warning: {warning}")
-    return lines
-
-
-def clipping_warning(gom: dict | None) -> str | None:
-    """Distances outside a fixed GOM normalisation were clipped: said with every format."""
-    clipped = (gom or {}).get("clipped")  # fixed normalisation only
-    if not clipped or not (clipped["below"] or clipped["above"]):
-        return None
-    below, above = clipped["below"], clipped["above"]
-    return (f"{below + above:,} of {clipped['pairs']:,} distances fall outside {gom['normalisation']} "
-            f"({below:,} below, {above:,} above) and were clipped to its ends (observed: "
-            f"[{clipped['observed_min']:.4g}, {clipped['observed_max']:.4g}]); widen it or use minmax")
-
-
 def store_summary(store: Store) -> str:
     g = store.gallery
     if store.holds_distances:
@@ -247,12 +206,12 @@ def target_columns(rows: list[Row]) -> list[Column]:
     """TAR at each FAR target (verification) and the first rank's DIR at each FPIR target (open-set),
     as the first row holding each section asked for them."""
     cols = []
-    for section, key, name in (("verification", "far", "TAR@FAR={}"), ("open_set", "fpir", "DIR-R{rank}@FPIR={}")):
-        points = next((found for row in rows if (found := _at(row.values, (section, "points")))), [])
+    for feature in TARGETED:
+        points = next((found for row in rows if (found := _at(row.values, (feature.name, "points")))), [])
         for point in points:
-            inner = ("tar",) if section == "verification" else ("dir", next(iter(point["dir"])))
-            cols.append(TargetColumn(name.format(f"{point[key]:g}", rank=inner[-1]), (section, *inner), True,
-                                     key, point[key]))
+            inner, label = feature.headline(point)
+            cols.append(TargetColumn(f"{label}@{feature.target.upper()}={point[feature.target]:g}",
+                                     (feature.name, *inner), True, feature.target, point[feature.target]))
     return cols
 
 

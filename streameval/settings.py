@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -12,10 +12,11 @@ from . import graph, kernels
 from .choices import PRECISIONS, check_range
 from .cluster import CONNECT_TIMEOUT_S, ClusterOptions
 from .errors import OptionError
-from .gom import GomOptions
+from .features import REGISTRY
 from .plan import DEFAULT_MEMORY_BUDGET, parse_bytes
 from .protocol import Rules
 from .protocols.record import Protocol
+from .sources import block_source
 from .store import Store
 
 PROTOCOL_OPTIONS = ("junk_pids", "denominator", "cmc", "trials", "trial_source", "shots", "seed", "sgs_mode",
@@ -24,29 +25,26 @@ PROTOCOL_OPTIONS = ("junk_pids", "denominator", "cmc", "trials", "trial_source",
 
 @dataclass(frozen=True)
 class Settings:
-    """The validated options that decide the numbers (METRICS.md section 5, PROTOCOLS.md section 8)."""
+    """The validated options that decide the numbers (docs/options.md, docs/protocols.md#4-changing-a-field-from-the-command-line)."""
 
     metric: str
     protocol: Protocol
     precision: str
     max_rank: int
-    gom: GomOptions | None
     std_ddof: int = 1
-    ranked: object = None  # ranked.Spec: the top-k lists the pass keeps (None: no ranked lists)
-    open_set: object = None  # openset.Spec: DIR@FPIR targets and ranks (None: no open-set identification)
-    verification: object = None  # verification.Spec: TAR@FAR, AUC, ROC (None: no pair-level verification)
+    # each feature's Spec, None when off (features.REGISTRY: its parse, statistics, options, state key)
+    gom: object = None  # gom.GomOptions: GOM's thresholds
+    ranked: object = None  # ranked.Spec: the top-k lists the pass keeps
+    open_set: object = None  # openset.Spec: DIR@FPIR targets and ranks
+    verification: object = None  # verification.Spec: TAR@FAR, AUC, ROC
 
     @classmethod
-    def parse(cls, store: Store, metric=None, protocol="market", max_rank=50, precision="float32", no_gom=False,
-              gom_norm="minmax", gom_bins=100, gom_b=3000, gom_vp="reference", std_ddof=1, ranked=None,
-              open_set=None, verification=None, **overrides) -> "Settings":
-        from .openset import Spec as OpenSetSpec
+    def parse(cls, store: Store, metric=None, protocol="market", max_rank=50, precision="float32", std_ddof=1,
+              **options) -> "Settings":
+        """``options``: the features' keywords (``Feature.parse``) and the protocol's overrides."""
         from .protocols import resolve
-        from .ranked import Spec
 
-        unknown = sorted(set(overrides) - set(PROTOCOL_OPTIONS))
-        if unknown:
-            raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
+        overrides = {key: options.pop(key) for key in PROTOCOL_OPTIONS if key in options}
         stored = store is not None and store.holds_distances  # (no store: a saved state's recorded options)
         if stored:
             metric, precision = stored_metric(store, metric), "float64"
@@ -68,14 +66,11 @@ class Settings:
                               f"uses them ({', '.join(resolved.camera_fields)}): {NO_CAMERAS_HINT}")
         if stored:
             check_stored_protocol(store, resolved)
-        gom = None if no_gom else GomOptions.parse(gom_norm, gom_bins, gom_b, gom_vp)
-        ranked = Spec.parse(ranked, Rules.of(resolved).n_trials)
-        from .verification import Spec as VerificationSpec, pair_bound
-
-        verification = VerificationSpec.parse(verification, None if store is None else pair_bound(store, resolved),
-                                              Rules.of(resolved).n_trials)
-        return cls(metric, resolved, precision, max_rank, gom, std_ddof, ranked,
-                   open_set=OpenSetSpec.parse(open_set, max_rank), verification=verification)
+        base = cls(metric, resolved, precision, max_rank, std_ddof)
+        specs = {feature.name: feature.parse(base, store, options) for feature in REGISTRY if feature.setting}
+        if options:
+            raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(options))}")
+        return replace(base, **specs)
 
     @property
     def rules(self) -> Rules:
@@ -87,39 +82,13 @@ class Settings:
 
     def statistics(self, meta, dim: int) -> tuple:
         """The statistics the scoring pass counts for these settings."""
-        from .statistics.dedup import Dedup
-        from .statistics.gom_hist import GomHist
-        from .statistics.sgs import SgsExpected, SgsSampled
         from .statistics.slots import Slots
 
-        stats = [Slots(self.n_trials)]
-        if self.gom is not None:
-            stats.append(GomHist(self.n_trials, self.gom.bins, self.gom.norm == "fixed",
-                                 kernels.bin_error_bound(dim, self.precision)))
-        if self.protocol.cmc == "identity-dedup":
-            stats.append(Dedup(self.n_trials, self.max_rank))
-        sgs = self.protocol.sgs
-        if sgs is not None and sgs.mode in ("sampled", "both"):
-            stats.append(SgsSampled(sgs.repeats, sgs.seed))
-        if sgs is not None and sgs.mode in ("expected", "both"):
-            stats.append(SgsExpected(meta.identities.pids.shape[0]))
-        if self.ranked is not None:
-            stats.append(self.ranked.statistic())
-        if self.open_set is not None:
-            from .statistics.nearest import Nearest
-
-            stats.append(Nearest(self.n_trials))
-        if self.verification is not None:
-            stats.append(self.verification.statistic(self.n_trials, self.precision))
-        return tuple(stats)
+        return (Slots(self.n_trials), *(stat for feature in REGISTRY for stat in feature.statistics(self, meta, dim)))
 
     def scoring(self, dim: int, meta) -> graph.Scoring:
-        stats = self.statistics(meta, dim)
-        return graph.Scoring(
-            np.dtype(self.precision), kernels.METRIC_CODES[self.metric], self.rules, self.gom,
-            kernels.dot_error_bound(dim, self.precision), stats, similarity=self.metric == "similarity",
-            first=self.first_statistics(),
-        )
+        return graph.Scoring(np.dtype(self.precision), block_source(self.metric, dim, self.precision), self.rules,
+                             self.gom, self.statistics(meta, dim), first=self.first_statistics())
 
     def first_statistics(self) -> tuple:
         """The statistics riding minmax GOM normalisation's first pass: verification's counting
@@ -137,27 +106,17 @@ class Settings:
 
     def to_options(self) -> dict:
         """The options as ``evaluate`` keyword arguments (``Settings.parse(store, **them)`` gives them back)."""
-        gom = self.gom or GomOptions()
-        return {"metric": self.metric, "protocol": self.protocol.to_record(), "max_rank": self.max_rank,
-                "precision": self.precision, "no_gom": self.gom is None, "gom_norm": gom.spec, "gom_bins": gom.bins,
-                "gom_b": gom.b, "gom_vp": gom.vp, "std_ddof": self.std_ddof,
-                **({} if self.ranked is None else {"ranked": self.ranked.to_record()}),
-                **({} if self.open_set is None else {"open_set": self.open_set.to_record()}),
-                **({} if self.verification is None else {"verification": self.verification.to_record()})}
+        options = {"metric": self.metric, "protocol": self.protocol.to_record(), "max_rank": self.max_rank,
+                   "precision": self.precision, "std_ddof": self.std_ddof}
+        for feature in filter(lambda feature: feature.setting, REGISTRY):
+            options.update(feature.to_options(getattr(self, feature.name)))
+        return options
 
     def state_key(self) -> dict:
-        """The options a saved per-query state depends on (B, vp and, unless the identity-dedup
-        state is as long as it, max_rank only shape the report)."""
-        gom = None if self.gom is None else {"norm": self.gom.norm, "lo": self.gom.lo, "hi": self.gom.hi, "bins": self.gom.bins}
-        key = {"metric": self.metric, "protocol": self.protocol.to_record(), "precision": self.precision, "gom": gom}
-        if self.protocol.cmc == "identity-dedup":
-            key["max_rank"] = self.max_rank
-        if self.ranked is not None:
-            key["ranked"] = self.ranked.to_record()
-        if self.open_set is not None:  # the nearest-item state; targets and ranks only shape the report
-            key["open_set"] = True
-        if self.verification is not None:  # the arrays; FAR targets and the refinement's budget only shape the report
-            key["verification"] = {name: self.verification.to_record()[name] for name in ("hist_bits", "core", "auc")}
+        """The options a saved per-query state depends on (max_rank, say, only shapes the report)."""
+        key = {"metric": self.metric, "protocol": self.protocol.to_record(), "precision": self.precision}
+        for feature in REGISTRY:
+            key.update(feature.state_key(self))
         return key
 
 

@@ -97,7 +97,7 @@ def _parse(line: str, path: str, number: int):
 
 
 def check_record(record, where: str) -> dict:
-    """A record as PROTOCOLS.md 5.2 and the ranked-list format define it, or StoreError naming the
+    """A record as docs/ranked-lists.md#one-record-per-query-json-lines and the ranked-list format define it, or StoreError naming the
     first field that is not."""
     if not isinstance(record, dict):
         raise StoreError(f"{where}: expected a JSON object per query")
@@ -196,11 +196,15 @@ def _paths_from_store(shown: list[dict], store_path: str) -> None:
 
     store = open_store(store_path)
     n_gallery = len(store.gallery)
-    said = {}  # (set, row) -> (pid, camid) as the lists say
-    for record in shown:
-        said[("query", record["query"])] = (record["pid"], record["camid"])
-        for entry in (*record["top"], *record.get("positives", ())):
-            said[_set_row(entry["gallery"], n_gallery)] = (entry["pid"], entry["camid"])
+
+    def set_row(record: dict, entry: dict) -> tuple[str, int]:
+        if entry is record:
+            return "query", record["query"]
+        row = entry["gallery"]
+        return ("gallery", row) if row < n_gallery else ("query", row - n_gallery)
+
+    # (set, row) -> (pid, camid) as the lists say
+    said = {set_row(record, entry): (entry["pid"], entry["camid"]) for record in shown for entry in entries(record)}
     found = {}
     for set_name in ("query", "gallery"):
         rows = np.array(sorted(row for name, row in said if name == set_name), dtype=np.int64)
@@ -219,12 +223,7 @@ def _paths_from_store(shown: list[dict], store_path: str) -> None:
         found.update(zip(((set_name, row) for row in rows.tolist()), read_paths(store, set_name, rows) or ()))
     for record in shown:
         for entry in entries(record):
-            key = ("query", record["query"]) if entry is record else _set_row(entry["gallery"], n_gallery)
-            entry["path"] = entry.get("path") or found.get(key)
-
-
-def _set_row(gallery_row: int, n_gallery: int) -> tuple[str, int]:
-    return ("gallery", gallery_row) if gallery_row < n_gallery else ("query", gallery_row - n_gallery)
+            entry["path"] = entry.get("path") or found.get(set_row(record, entry))
 
 
 # ---------------------------------------------------------------- the page
@@ -313,17 +312,14 @@ def render_page(shown: list[dict], section: dict, source: str, page: str, with_i
 """
 
 
+HEADING_FACTS = {"first_hit_rank": "first hit at rank {}", "inp": "INP {:.4f}", "n_positives": "{} positives",
+                 "rho": "rho {}"}  # a record's optional facts, in the heading when present
+
+
 def _heading(number: int, record: dict) -> str:
     parts = [f"{number}. query {record['query']}", f"pid {record['pid']}", f"camera {record['camid']}",
              f"AP {_number(record.get('ap'))}" if record.get("ap") is not None else "no positive (no AP)"]
-    if record.get("first_hit_rank") is not None:
-        parts.append(f"first hit at rank {record['first_hit_rank']}")
-    if record.get("inp") is not None:
-        parts.append(f"INP {_number(record['inp'])}")
-    if record.get("n_positives") is not None:
-        parts.append(f"{record['n_positives']} positives")
-    if record.get("rho") is not None:
-        parts.append(f"rho {record['rho']}")
+    parts += [text.format(record[key]) for key, text in HEADING_FACTS.items() if record.get(key) is not None]
     return " · ".join(parts)
 
 
@@ -373,9 +369,8 @@ def _table(record: dict) -> str:
     head = ('<tr><th>rank</th><th>gallery row</th><th>pid</th><th>camera</th><th>distance</th>'
             '<th class="mark">mark</th></tr>')
     rows = [f'<tr class="entry query"><td>query</td><td>{record["query"]} (query)</td><td>{record["pid"]}</td>'
-            f'<td>{record["camid"]}</td><td></td><td class="mark">query</td></tr>']
-    for entry in record["top"]:
-        rows.append(_table_row(entry, entry["mark"], _rank_text(entry)))
+            f'<td>{record["camid"]}</td><td></td><td class="mark">query</td></tr>',
+            *(_table_row(entry, entry["mark"], _rank_text(entry)) for entry in record["top"])]
     table = f'<table class="ranked"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
     if "positives" in record:
         positives = "".join(_table_row(entry, "positive", f"rank {entry['rank']}") for entry in record["positives"])

@@ -1,4 +1,4 @@
-"""How a metric varies over trials or runs (PROTOCOLS.md section 1.7): mean, sample std, sem, min,
+"""How a metric varies over trials or runs (docs/protocols.md#reporting-trials): mean, sample std, sem, min,
 max and count of each scalar or curve point, nulls left out."""
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ class Positives:
 
     ``offsets[i]:offsets[i+1]`` indexes query i's entries in ``dist`` (float64), ``gidx`` (extended
     gallery row, int64) and ``bits`` (uint64: bit t = the positive is in trial t, its query too).
-    ``junk[i, t]`` is the number of trial-t gallery rows excluded for query i (PROTOCOLS.md 1.2).
+    ``junk[i, t]`` is the number of trial-t gallery rows excluded for query i (docs/protocols.md#the-kept-set).
     """
 
     offsets: np.ndarray
@@ -82,19 +82,15 @@ class Positives:
         """Positives of the same queries over this and ``other``'s (disjoint) gallery rows."""
         if other.dist.shape[0] == 0:  # the common update (distractors only): no re-sort
             return Positives(self.offsets, self.dist, self.gidx, self.bits, self.junk + other.junk)
-        return Positives.from_pairs(
-            self.n_queries, np.concatenate([self.query_rows(), other.query_rows()]),
-            np.concatenate([self.gidx, other.gidx]), np.concatenate([self.dist, other.dist]),
-            np.concatenate([self.bits, other.bits]), self.junk + other.junk,
-        )
+        gidx, dist, bits = (np.concatenate([getattr(self, f), getattr(other, f)]) for f in ("gidx", "dist", "bits"))
+        return Positives.from_pairs(self.n_queries, np.concatenate([self.query_rows(), other.query_rows()]), gidx, dist,
+                                    bits, self.junk + other.junk)
 
     @staticmethod
     def concat(parts: list["Positives"]) -> "Positives":
         """Consecutive query blocks joined in query order."""
-        return Positives(
-            offsets_from_counts(np.concatenate([p.counts for p in parts])),
-            *(np.concatenate([getattr(p, name) for p in parts]) for name in ("dist", "gidx", "bits", "junk")),
-        )
+        columns = (np.concatenate([getattr(p, name) for p in parts]) for name in ("dist", "gidx", "bits", "junk"))
+        return Positives(offsets_from_counts(np.concatenate([p.counts for p in parts])), *columns)
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ corrupted > gallery corrupted > both (about 0.83, 0.70-0.75, 0.65, 0.50-0.56).
 
 from __future__ import annotations
 
+import colorsys
 import contextlib
 import math
 import os
@@ -62,6 +63,7 @@ import struct
 import sys
 import time
 import zlib
+from pathlib import Path
 
 import numpy as np
 
@@ -125,16 +127,13 @@ def _identity_centres(out: np.ndarray, rng: np.random.Generator) -> None:
     """Fill ``out`` (ids x dim) with unit-variance centres; consecutive runs of GROUP_SIZE
     identities share an appearance component (weight GROUP_WEIGHT of the variance)."""
     n, dim = out.shape
-    n_groups = -(-n // int(GROUP_SIZE))
-    groups = rng.standard_normal((n_groups, dim), dtype=np.float32)
+    groups = rng.standard_normal((-(-n // GROUP_SIZE), dim), dtype=np.float32)
     groups *= np.float32(math.sqrt(GROUP_WEIGHT))
     rng.standard_normal(dtype=np.float32, out=out)
     out *= np.float32(math.sqrt(1 - GROUP_WEIGHT))
-    size = int(GROUP_SIZE)
-    full = n // size
-    out[:full * size].reshape(full, size, dim)[...] += groups[:full, None, :]
-    if full < n_groups:
-        out[full * size:] += groups[full]
+    for member in range(GROUP_SIZE):  # the member-th identity of every group (in place: no copy of ``out``)
+        rows = out[member::GROUP_SIZE]
+        rows += groups[:len(rows)]
 
 
 class _Blocks:
@@ -255,10 +254,9 @@ def check_room(path, n_query, n_gallery, dim, dtype, chunk_rows, overwrite) -> N
     if overwrite and os.path.lexists(path):
         free += _size_on_disk(path)
     if need > free:
-        raise OptionError(
-            f"the store needs about {plan.format_bytes(need)} ({need:,} bytes) but the file system of '{parent}' "
-            f"has {plan.format_bytes(free)} ({free:,} bytes) free; free some space or make a smaller store"
-        )
+        raise OptionError(f"the store needs about {plan.format_bytes(need)} ({need:,} bytes) but the file system of "
+                          f"'{parent}' has {plan.format_bytes(free)} ({free:,} bytes) free; free some space or make a "
+                          "smaller store")
 
 
 def _size_on_disk(path) -> int:
@@ -277,11 +275,10 @@ def check_memory(n_query, n_gallery, dim, n_centres, n_cams, chunk_rows) -> None
     rows = n_centres + n_cams + 4 * generation_block_rows(dim) + 3 * min(chunk_rows, max(n_query, n_gallery))
     need = rows * dim * 4
     if need > physical // 2:
-        raise OptionError(
-            f"synth needs about {plan.format_bytes(need)} of memory for {n_centres:,} identity centres and "
-            f"{n_cams:,} camera offsets of {dim:,} dims plus a chunk, more than half the physical memory "
-            f"({plan.format_bytes(physical)}); use fewer ids, cameras or chunk rows, or fewer dims"
-        )
+        raise OptionError(f"synth needs about {plan.format_bytes(need)} of memory for {n_centres:,} identity centres "
+                          f"and {n_cams:,} camera offsets of {dim:,} dims plus a chunk, more than half the physical "
+                          f"memory ({plan.format_bytes(physical)}); use fewer ids, cameras or chunk rows, or fewer "
+                          "dims")
 
 
 IMAGE_HEIGHT, IMAGE_WIDTH = 64, 32  # a person crop's proportions
@@ -292,11 +289,7 @@ SKIN = (224, 180, 150)
 
 def _hsv(hue: float, saturation: float, value: float) -> np.ndarray:
     """One RGB colour (uint8) from hue, saturation and value in [0, 1]."""
-    i = int(hue * 6) % 6
-    f = hue * 6 - int(hue * 6)
-    p, q, t = value * (1 - saturation), value * (1 - f * saturation), value * (1 - (1 - f) * saturation)
-    rgb = [(value, t, p), (q, value, p), (p, value, t), (p, q, value), (t, p, value), (value, p, q)][i]
-    return np.round(255 * np.array(rgb)).astype(np.uint8)
+    return np.round(255 * np.array(colorsys.hsv_to_rgb(hue, saturation, value))).astype(np.uint8)
 
 
 def _clothes(pid: int, row: int) -> tuple[np.ndarray, np.ndarray]:
@@ -346,14 +339,9 @@ def write_images(folder: str, relative_to: str | None, first_row: int, pids, cam
         row = first_row + offset
         name = os.path.join(folder, f"{row:06d}.png")
         image = png_bytes(person_image(pid, camid, row))
-        replace_file(name, lambda tmp, image=image: _write_bytes(tmp, image))  # a link there is replaced
+        replace_file(name, lambda tmp, image=image: Path(tmp).write_bytes(image))  # a link there is replaced
         paths.append(os.path.abspath(name) if relative_to is None else os.path.relpath(name, relative_to))
     return paths
-
-
-def _write_bytes(path: str, data: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(data)
 
 
 def check_images_folder(images, store_path, n_rows: int, overwrite: bool) -> None:
@@ -405,47 +393,24 @@ class _Progress:
         self.quarter = 0
 
     def update(self, done: int) -> None:
-        if not self.enabled:
-            return
         now = time.perf_counter()
-        if self.tty:
-            if now - self.last_print >= 0.2 or done == self.total:
-                self.last_print = now
-                end = "\n" if done == self.total else ""
-                print(f"\r{self._text(done, now)}", end=end, file=sys.stderr, flush=True)
-        else:
-            quarter = 4 * done // self.total
-            if quarter > self.quarter:
-                self.quarter = quarter
-                print(self._text(done, now), file=sys.stderr, flush=True)
+        if self.tty and (now - self.last_print >= 0.2 or done == self.total):
+            self.last_print = now
+            print(f"\r{self._text(done, now)}", end="\n" if done == self.total else "", file=sys.stderr, flush=True)
+        elif self.enabled and not self.tty and 4 * done // self.total > self.quarter:
+            self.quarter = 4 * done // self.total
+            print(self._text(done, now), file=sys.stderr, flush=True)
 
     def _text(self, done: int, now: float) -> str:
         return (f"synth {self.label}: {done:,}/{self.total:,} rows ({100 * done / self.total:3.0f}%) "
                 f"{now - self.started:.1f} s")
 
 
-def synthesize(
-    path,
-    *,
-    n_query: int,
-    n_gallery: int,
-    dim: int,
-    n_ids: int,
-    n_cams: int,
-    seed: int = 0,
-    junk_frac: float = 0.0,
-    distractor_frac: float = 0.0,
-    open_query_frac: float = 0.0,
-    dtype: str = "float32",
-    chunk_rows: int | None = None,
-    default_metric: str = "euclidean",
-    overwrite: bool = False,
-    progress: bool = False,
-    images=None,
-    variants: str | None = None,
-    variant_trials: int = 10,
-    noise: float = 1.0,
-) -> Store:
+def synthesize(path, *, n_query: int, n_gallery: int, dim: int, n_ids: int, n_cams: int, seed: int = 0,
+               junk_frac: float = 0.0, distractor_frac: float = 0.0, open_query_frac: float = 0.0,
+               dtype: str = "float32", chunk_rows: int | None = None, default_metric: str = "euclidean",
+               overwrite: bool = False, progress: bool = False, images=None, variants: str | None = None,
+               variant_trials: int = 10, noise: float = 1.0) -> Store:
     """Write a synthetic store at ``path`` (see the module docstring) and return it opened.
 
     Query pids are drawn uniformly from ``1..n_ids``, except a fraction ``open_query_frac`` of

@@ -1,4 +1,4 @@
-"""From the reduced state to the reported numbers, trial by trial (PROTOCOLS.md sections 1.3-1.7).
+"""From the reduced state to the reported numbers, trial by trial (docs/protocols.md).
 
 Every trial (T = 1 without trials) is restricted from the superset state (``slots.restrict``) and
 gets every metric of a single evaluation: closed-set values under the denominator policy, the CMC
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import gom, metrics
+from . import closed_set, gom
 from .spread import STATS, spread
 from .statistics.dedup import dedup_ranks
 from .statistics.gom_hist import clipping
@@ -33,19 +33,19 @@ def entries(state, settings, q_bits: np.ndarray, q_cam: np.ndarray, meta, norms:
     for t in range(settings.n_trials):
         in_trial = ((q_bits >> np.uint64(t)) & np.uint64(1)).astype(bool)
         positives, slots = restrict(state.positives, state.stats.arrays["slots/counts"], t)
-        per_query = metrics.query_values(positives, slots)
+        per_query = closed_set.query_values(positives, slots)
         valid = in_trial & (per_query["n_positives"] > 0)
         counted = int(valid.sum()) if protocol.denominator == "skip" else int(in_trial.sum())
         base = {"n_queries": int(in_trial.sum()), "n_valid_queries": int(valid.sum()),
                 "n_open_queries": int((in_trial & ~valid).sum())}
-        first_hit = metrics.closed_set(per_query, valid, counted, settings.max_rank)
+        first_hit = closed_set.closed_set(per_query, valid, counted, settings.max_rank)
         base["gom"] = _gom(state, settings, positives, slots, t, in_trial, per_query, norms[t])
         if protocol.cmc == "first-hit":
             out.append(_entry(base, first_hit, per_query))
         elif protocol.cmc == "identity-dedup":
             rho = dedup_ranks(state.stats.arrays["dedup/held"], t)
             per_query["rho"] = np.where(valid, rho, -1)
-            flavour = metrics.closed_set(per_query, valid, counted, settings.max_rank, rho)
+            flavour = closed_set.closed_set(per_query, valid, counted, settings.max_rank, rho)
             out.append(_entry(base, flavour, per_query, first_hit["cmc"]))
         else:
             out += _sgs_entries(state, settings, base, first_hit, per_query, valid, counted, q_cam, meta, extras)
@@ -75,7 +75,7 @@ def _sgs_entries(state, settings, base, first_hit, per_query, valid, counted, q_
     out = []
     for r in range(sgs.repeats):
         rho = 1 + counts[:, r]
-        sampled = dict(first_hit, cmc=metrics.cmc_curve(rho[valid], settings.max_rank, counted) if valid.any() else None)
+        sampled = dict(first_hit, cmc=closed_set.cmc_curve(rho[valid], settings.max_rank, counted) if valid.any() else None)
         out.append(_entry(base, sampled, {**per_query, "rho": np.where(valid, rho, -1)}, first_hit["cmc"]))
     return out
 

@@ -1,6 +1,6 @@
-"""Pair-level verification (PROTOCOLS.md 3.1, 3.2, 3.5, 3.6): TAR@FAR, AUC, ROC and DET curves.
+"""Pair-level verification (docs/verification.md#definitions, #how-it-is-computed; docs/options.md#the-json-result): TAR@FAR, AUC, ROC and DET curves.
 
-Pairs (q, g) with g kept for q (section 1.2): positive pairs (same identity, label 1, "genuine")
+Pairs (q, g) with g kept for q (docs/protocols.md#the-kept-set): positive pairs (same identity, label 1, "genuine")
 and negative pairs (label 0, "impostor"), pooled over all queries of a trial.  A pair is accepted
 at threshold t when d < t.
 
@@ -46,7 +46,7 @@ RECORD_KEYS = ("far", "auc", "tail_budget", "hist_bits", "core")
 LABEL_CONVENTION = (
     "label 1 = positive pair (same identity, kept by the protocol), label 0 = negative pair; a pair is accepted "
     "when its distance is below the threshold; TAR = accepted positive pairs / N+, FAR = accepted negative pairs "
-    "/ N-, over all queries' pairs (PROTOCOLS.md 3.2). fast-reid's roc.py labels them the other way round: its "
+    "/ N-, over all queries' pairs (docs/verification.md#definitions). fast-reid's roc.py labels them the other way round: its "
     "'TPR'(t) is 1 - FAR(t) and its 'FPR'(t) is 1 - TAR(t).")
 
 

@@ -5,9 +5,8 @@ precision, the statistics an evaluation counts, their options), the first time i
 result goes to numba's on-disk cache (``kernels._versioned_cache``), from which later processes
 load it in milliseconds.  A first run would compile in the middle of its passes, its progress bar
 standing still.  Instead ``session.rehearse`` first evaluates a tiny in-memory problem shaped like
-the real one (``tiny.tiny_store``: the same stored dtype, dimension and kind of store, ids that
-give every kind of row the protocol knows) with the run's own settings: every specialisation the
-real passes call is compiled or loaded there, which the run books as its phase "compiling kernels".  Nothing
+the real one (``tiny.tiny_store``) with the run's own settings: every specialisation the real passes
+call is compiled or loaded there, which the run books as its phase "compiling kernels".  Nothing
 here names a kernel or a signature: the rehearsal runs the same code as the real run.
 
 Routes chosen by size (verification's tail, bands or two-pass refinement; see ``verification``)

@@ -1,8 +1,8 @@
-"""Brute-force float64 reference for protocols, trials and CMC flavours (PROTOCOLS.md section 1).
+"""Brute-force float64 reference for protocols, trials and CMC flavours (docs/protocols.md).
 
 Written from the specification only, independently of the engine and of ``streameval.draws``: the
-seeded hash of section 1.6 and every draw rule are re-implemented here on plain Python ints.  For
-every (trial, query) it builds the kept set of section 1.2 row by row, sorts it by (distance,
+seeded hash of docs/protocols.md#the-seeded-hash and every draw rule are re-implemented here on plain Python ints.  For
+every (trial, query) it builds the kept set of docs/protocols.md#the-kept-set row by row, sorts it by (distance,
 extended gallery index) and reads every metric off that list.  The expected single-gallery-shot
 curve is the exact expectation over all draws, by enumerating them with ``fractions.Fraction``
 (a plain Poisson-binomial programme only when there are too many draws to list).
@@ -32,7 +32,7 @@ GOM_SCALARS = ("mReP_max", "tau_max", "mVP_max", "MREP", "MFR", "tau_nz")
 GOM_CURVES = ("mRP", "mVP", "mReP", "mFR")
 
 
-# ---- the seeded hash (section 1.6) ------------------------------------------------------------
+# ---- the seeded hash (docs/protocols.md#the-seeded-hash) -------------------------------------------
 
 def mix64(z: int) -> int:
     z &= MASK64
@@ -49,7 +49,7 @@ def seeded_hash(seed: int, *words: int) -> int:
     return h
 
 
-# ---- the extended gallery and the trial masks (sections 1.2, 1.5, 1.6, 1.8.4) -----------------
+# ---- the extended gallery and the trial masks (docs/protocols.md) ---------------------------------
 
 def extend_gallery(qf, q_pid, q_cam, gf, g_pid, g_cam, protocol):
     """(features, pids, cameras, n_stored) of the extended gallery: the stored rows, then the
@@ -157,7 +157,7 @@ def trial_queries(q_cam, galleries, protocol, n_stored) -> list[set[int]]:
     return [{i for i in rows if n_stored + i not in gallery} for gallery in galleries]
 
 
-# ---- the kept set and one query's ranked list (sections 1.2-1.4) ------------------------------
+# ---- the kept set and one query's ranked list (docs/protocols.md) ---------------------------------
 
 def _relation_holds(relation, q_cam: int, g_cam: int) -> bool:
     if relation.equal:
@@ -176,7 +176,7 @@ def is_kept(g, gallery, q_row, q_pid, q_cam, g_pid, g_cam, protocol, n_stored) -
 
 
 def kept_in_key_order(dist_row, gallery, q_row, q_pid, q_cam, g_pid, g_cam, protocol, n_stored) -> list[int]:
-    order = sorted(range(len(dist_row)), key=lambda g: (float(dist_row[g]), g))  # key(g) of section 0
+    order = sorted(range(len(dist_row)), key=lambda g: (float(dist_row[g]), g))  # key(g) of docs/protocols.md#the-kept-set
     return [g for g in order if is_kept(g, gallery, q_row, q_pid, q_cam, g_pid, g_cam, protocol, n_stored)]
 
 
@@ -259,7 +259,7 @@ def step_curve(rank: int, max_rank: int) -> np.ndarray:
     return np.array([1.0 if rank <= k else 0.0 for k in range(1, max_rank + 1)])
 
 
-# ---- GOM per trial (METRICS.md section 4 on the trial's pairs) --------------------------------
+# ---- GOM per trial (docs/metrics.md#5-open-set-metrics-gom on the trial's pairs) --------------
 
 def trial_gom(dist, queries, gallery, kept_of, g_pid, q_pid, *, norm="minmax", bins=100, b=3000, vp="reference"):
     """The GOM family over the trial's queries x the trial's gallery rows; a gallery row that is
@@ -279,7 +279,7 @@ def trial_gom(dist, queries, gallery, kept_of, g_pid, q_pid, *, norm="minmax", b
     return {"tau": tau, "dmin": dmin, "dmax": dmax, **gom_of_queries(per_query, tau, b, vp)}
 
 
-# ---- statistics over trials (section 1.7) -----------------------------------------------------
+# ---- statistics over trials (docs/protocols.md#reporting-trials) -----------------------------------
 
 def trial_statistics(values, ddof: int = 1) -> dict:
     """mean, std (ddof), sem = s / sqrt(T) with the Bessel-corrected s, min, max of per-trial
@@ -369,7 +369,7 @@ def _trial_entry(records, queries, nq, denominator, flavour_curve):
 
 def reference_protocol(dist, q_pid, q_cam, g_pid, g_cam, protocol, *, max_rank=50, gom=None, n_stored=None,
                        official_table=None, std_ddof=1, sgs_enumeration_limit=SGS_ENUMERATION_LIMIT) -> dict:
-    """Every number of PROTOCOLS.md section 1 for one protocol, literally.
+    """Every number of docs/protocols.md for one protocol, literally.
 
     ``dist``: Nq x N_ext float64 distances over the extended gallery; ``g_pid``/``g_cam``: the
     extended gallery's ids (``extend_gallery``); ``n_stored``: stored gallery rows (default N_ext - Nq

@@ -1,4 +1,4 @@
-"""Brute-force float64 reference for the closed-set metrics of METRICS.md sections 1-3.
+"""Brute-force float64 reference for the closed-set metrics of docs/metrics.md.
 
 Written from the specification only, independently of the engine: it builds the full Nq x Ng
 distance matrix, sorts every row by (distance, gallery index), drops junk and reads the ranks of the
@@ -16,7 +16,7 @@ PROTOCOLS = ("market", "none")
 
 
 def distance_matrix(qf, gf, metric: str) -> np.ndarray:
-    """Nq x Ng distances in float64, with the formulas of METRICS.md section 1.
+    """Nq x Ng distances in float64, with the formulas of docs/metrics.md#1-inputs-and-distances.
 
     ``qf``/``gf`` are the features as stored; every sum is taken in float64, term by term.
     """
@@ -84,7 +84,7 @@ def inp(ranks) -> float:
 
 def reference_evaluate(qf, q_pids, q_camids, gf, g_pids, g_camids, *, metric="euclidean",
                        protocol="market", junk_pids=(-1,), max_rank=50) -> dict:
-    """Every closed-set number of METRICS.md section 3, plus per-query arrays.
+    """Every closed-set number of docs/metrics.md#4-closed-set-metrics-cmc-ap-inp, plus per-query arrays.
 
     Open-set queries (no positive) get NaN AP/INP and first-hit rank -1, and are left out of the
     means; with no valid query at all, cmc and the means are None.
@@ -131,7 +131,7 @@ def reference_evaluate(qf, q_pids, q_camids, gf, g_pids, g_camids, *, metric="eu
 
 def reference_gom(dist, q_pids, q_camids, g_pids, g_camids, *, protocol="market", junk_pids=(-1,),
                   norm="minmax", bins=100, b=3000, vp="reference") -> dict:
-    """The GOM family of METRICS.md section 4, literally, from the full distance matrix.
+    """The GOM family of docs/metrics.md#5-open-set-metrics-gom, literally, from the full distance matrix.
 
     ``norm``: "minmax", "none" or (LO, HI) for fixed.
     """
@@ -167,7 +167,7 @@ def normalised(dist: np.ndarray, norm):
 
 
 def gom_of_queries(queries, tau, b, vp) -> dict:
-    """GOM curves and summaries (METRICS.md 4.2-4.3) of ``queries``: per query (d~ of its kept rows,
+    """GOM curves and summaries (docs/metrics.md#53-per-query-quantities, #54-mean-curves-and-summaries) of ``queries``: per query (d~ of its kept rows,
     d~ of its positives in rank order, their ranks, its number of junk rows)."""
     bins = tau.shape[0] - 1
     sums = {name: np.zeros(bins + 1) for name in ("rp", "vp", "rep", "fr")}

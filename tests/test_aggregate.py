@@ -1,4 +1,4 @@
-"""``streameval aggregate``: split-level runs combined (PROTOCOLS.md section 2, statistics of section 1.7).
+"""``streameval aggregate``: split-level runs combined (docs/protocols.md#9-split-level-protocols-streameval-aggregate, #reporting-trials).
 
 Runs are real evaluations of small synthetic stores written as result JSONs; where a vector needs
 given values (V5) or a foreign file, a real result is edited."""
@@ -61,7 +61,7 @@ def aggregate(tmp_path, *files, code=0):
 
 
 def test_v5_three_runs_with_map_50_60_70(results, tmp_path):
-    """PROTOCOLS.md V5: mAP 0.50, 0.60, 0.70 -> mean 0.60, std (ddof 1) 0.10, sem 0.0577."""
+    """docs/protocols.md#v5-trial-statistics: mAP 0.50, 0.60, 0.70 -> mean 0.60, std (ddof 1) 0.10, sem 0.0577."""
     edited = [dict(result, mAP=value) for result, value in zip(results, (0.50, 0.60, 0.70))]
     run, out = aggregate(tmp_path, *write_all(tmp_path, edited))
     agg = out["aggregate"]
@@ -157,7 +157,7 @@ def test_labels_name_the_runs(results, tmp_path):
 
 
 def test_a_cosine_run_next_to_euclidean_runs_is_refused(stores, results, tmp_path):
-    """PROTOCOLS.md section 2: the refusal names `metric` and the run."""
+    """docs/protocols.md#9-split-level-protocols-streameval-aggregate: the refusal names `metric` and the run."""
     cosine = json.loads(json.dumps(streameval.evaluate(stores[2], metric="cosine", **FAST).to_dict()))
     files = write_all(tmp_path, [results[0], results[1], cosine], names=("r1", "r2", "cos"))
     line = one_error_line(aggregate(tmp_path, *files, code=3)[0])

@@ -1,5 +1,5 @@
 """A protocol whose camera sets keep under half of the queries or of the gallery rows says so:
-SYSU's cameras are 1-6 (PROTOCOLS.md 1.8.4: infrared queries from cameras 3 and 6, a visible
+SYSU's cameras are 1-6 (docs/protocols.md#sysu-all-sysu-indoor: infrared queries from cameras 3 and 6, a visible
 gallery from 1, 2, 4, 5), so a store numbering them 0-5 silently lost most queries.  The warning is
 a ``warning:`` line on stderr (with -q too), a line of the summary and the result's ``warnings``."""
 

@@ -131,7 +131,7 @@ def test_cli_evaluates_a_distance_store_and_refuses_a_damaged_one_in_one_line(tm
 
 
 def k_reciprocal_rerank(qf, gf, k1: int = 4, k2: int = 2, lam: float = 0.3) -> np.ndarray:
-    """Dense k-reciprocal re-ranking (PROTOCOLS.md 6.1) on a small problem: the kind of matrix a
+    """Dense k-reciprocal re-ranking (docs/distances.md) on a small problem: the kind of matrix a
     user brings."""
     feats = np.concatenate([qf, gf]).astype(np.float64)
     dist = ((feats[:, None, :] - feats[None, :, :]) ** 2).sum(-1)

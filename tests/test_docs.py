@@ -142,7 +142,7 @@ def test_curves_table_is_what_streameval_returns(page, example):
 def test_relative_links_point_to_existing_pages_and_headings():
     """Every link between the docs pages resolves: the file exists and so does the #heading."""
     for source in DOCS.glob("*.md"):
-        for target, anchor in re.findall(r"\]\(([\w.]*\.md)?(?:#([\w-]+))?\)", source.read_text()):
+        for target, anchor in re.findall(r"\]\(([\w.-]*\.md)?(?:#([\w-]+))?\)", source.read_text()):
             page = source.parent / target if target else source
             assert page.exists(), f"{source.name} links to missing {target}"
             if anchor:
@@ -153,6 +153,23 @@ def test_relative_links_point_to_existing_pages_and_headings():
 def github_anchor(heading: str) -> str:
     """The anchor GitHub makes of a heading: lower case, punctuation dropped, spaces to hyphens."""
     return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def test_docs_cited_in_code_exist_with_their_headings():
+    """Every page of docs/ (and heading, after a #) that the package, the scripts, the tests or the
+    README cite exists: a citation is a link a reader can follow."""
+    root = DOCS.parent
+    sources = [*root.glob("streameval/**/*.py"), *root.glob("scripts/*.py"), *root.glob("tests/**/*.py"),
+               root / "README.md"]
+    # a page, then its anchors: "docs/verification.md#definitions, #how-it-is-computed"
+    cited = {(page, anchors) for source in sources
+             for page, anchors in re.findall(r"\bdocs/([\w/.-]+\.md)((?:#[\w-]+)(?:, #[\w-]+)*)?", source.read_text())}
+    assert cited, "no docs/ citation found: the pattern no longer matches"
+    for page, anchors in sorted(cited):
+        assert (DOCS / page).is_file(), f"docs/{page} is cited but does not exist"
+        headings = {github_anchor(h) for h in re.findall(r"^#+ (.+)$", (DOCS / page).read_text(), re.M)}
+        for anchor in re.findall(r"#([\w-]+)", anchors):
+            assert anchor in headings, f"docs/{page} has no heading #{anchor}"
 
 
 def test_readme_and_cli_help_point_to_the_docs():

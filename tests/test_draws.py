@@ -1,4 +1,4 @@
-"""Seeded draws and trial masks (PROTOCOLS.md sections 1.5, 1.6, 1.8.4, 1.8.6): the hash against a
+"""Seeded draws and trial masks (docs/protocols.md): the hash against a
 scalar transcription and the spec's values, each trial source against an explicit reference."""
 
 import os
@@ -31,7 +31,7 @@ def scalar_mix(z):
 
 
 def scalar_hash(seed, *words):
-    """H(seed; words) of PROTOCOLS.md 1.6, one python int at a time."""
+    """H(seed; words) of docs/protocols.md#the-seeded-hash, one python int at a time."""
     h = scalar_mix((seed + GAMMA) & MASK)
     for word in words:
         h = scalar_mix(((h ^ (word & MASK)) + GAMMA) & MASK)

@@ -1,4 +1,4 @@
-"""GOM fixed vectors: the paper's Table 2 lists and the edge vectors of the spec (section 4.4).
+"""GOM fixed vectors: the paper's Table 2 lists and the edge vectors of the spec (docs/metrics.md#8-test-vectors).
 
 The spec states them with normalisation ``none`` on distances such as 0.30.  A float32 store cannot
 hold 0.30 exactly, so each list is built from integer 1-D features (query at 0, gallery item at

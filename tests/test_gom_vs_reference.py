@@ -1,4 +1,4 @@
-"""GOM (METRICS.md section 4) from the engine against the brute-force reference, on random problems
+"""GOM (docs/metrics.md#5-open-set-metrics-gom) from the engine against the brute-force reference, on random problems
 mixing Q+ and Q- queries, junk and same-camera positives, for every normalisation mode and several
 chunkings.  Integer-valued features make every distance exact, so thresholds are hit exactly."""
 

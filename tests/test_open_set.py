@@ -1,13 +1,13 @@
-"""Open-set identification, DIR@FPIR (PROTOCOLS.md section 3.3), against a brute-force reference.
+"""Open-set identification, DIR@FPIR (docs/open-set.md#definitions), against a brute-force reference.
 
 The reference is written here from the specification: every distance of a small problem in float64,
-each (trial, query)'s kept list from ``protocol_reference`` (section 1.2), the non-mated scores
+each (trial, query)'s kept list from ``protocol_reference`` (docs/protocols.md#the-kept-set), the non-mated scores
 (nearest kept row) and the mated ones (best positive, first-hit rank or rho), sorted and counted
 with exact fractions.  Integer-valued features make every distance exact and ties frequent; every
 problem holds open-set queries and a query whose only rows of its identity share its camera.  The
 engine must agree exactly (thresholds bit for bit) for several chunkings, the threaded scheduler
 and a LocalCluster of processes, after an incremental update, and through the command line.
-V7 (section 3.7) is realised as a distance store."""
+V7 (docs/open-set.md#worked-example-v7) is realised as a distance store."""
 
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ def test_dir_at_fpir_equals_the_brute_force_reference_for_every_chunking(case):
                 assert_section(got, want, f"{where} trial {t}")
             if len(ref) > 1:
                 assert_trial_means(section, ref)
-            # consistency (section 3.3): accepting everything gives the protocol's CMC under skip
+            # consistency (docs/open-set.md#definitions): accepting everything gives the protocol's CMC under skip
             cmc = result["cmc_first_hit"] if protocol.cmc == "sgs" else result["cmc"]
             if len(ref) == 1:
                 assert [section["closed_set_limit"][str(r)] for r in RANKS] == [cmc[r - 1] for r in RANKS]
@@ -219,7 +219,7 @@ def test_float_features_with_near_ties_give_the_exact_nearest_distance():
 
 V7_NON_MATED = (0.30, 0.50, 0.50, 0.80)
 V7_MATED = ((0.20, 1), (0.40, 1), (0.50, 2), (0.90, 1))
-V7_TABLE = (  # FPIR x, k, threshold, accept, achieved FPIR, DIR rank 1, DIR rank 2 (PROTOCOLS.md 3.7)
+V7_TABLE = (  # FPIR x, k, threshold, accept, achieved FPIR, DIR rank 1, DIR rank 2 (docs/open-set.md#worked-example-v7)
     ("0.1", 0, 0.25, "d < threshold", 0, 1 / 4, 1 / 4),
     ("0.125", 1, 0.30, "d <= threshold", 1 / 4, 1 / 4, 1 / 4),
     ("0.25", 1, 0.30, "d <= threshold", 1 / 4, 1 / 4, 1 / 4),

@@ -5,8 +5,8 @@ and DET (log-log) with the requested FAR points marked.
 
 The figure is checked through the function that builds it (its axes, labels, lines and the values
 they draw, against the result JSONs), and the command through the PNG it writes.  The open-set and
-verification sections of the unit tests are written by hand in the result schema (PROTOCOLS.md
-section 3.5) from the worked vectors V7 and V6 of section 3.7."""
+verification sections of the unit tests are written by hand in the result schema
+(docs/options.md#the-json-result) from the worked vectors docs/open-set.md#worked-example-v7; docs/verification.md#worked-example-v6."""
 
 from __future__ import annotations
 
@@ -232,7 +232,7 @@ def test_a_store_without_positives_draws_only_the_open_set_panel(tmp_path):
 
 # --------------------------------------------------------------- open set and verification
 
-V7_POINTS = [  # PROTOCOLS.md 3.7 V7 (non-mated .30 .50 .50 .80; mated (d+, r+) (.20, 1) (.40, 1) (.50, 2) (.90, 1)),
+V7_POINTS = [  # docs/open-set.md#worked-example-v7 (non-mated .30 .50 .50 .80; mated (d+, r+) (.20, 1) (.40, 1) (.50, 2) (.90, 1)),
     # in the order a user might give the targets; FPIR 0 (as 0.1: k = 0) has no place on the log axis
     (0.5, 2, 0.5, "d <= threshold", 0.75, {"1": 0.5, "2": 0.75}),
     (0.0, 0, 0.25, "d < threshold", 0.0, {"1": 0.25, "2": 0.25}),
@@ -252,7 +252,7 @@ def open_set_section(points=V7_POINTS, limit=None, note=None) -> dict:
             "closed_set_limit": limit or {"1": 0.75, "2": 1.0}, "note": note}
 
 
-V6_POSITIVES = np.array([0.2, 0.5, 0.4])  # PROTOCOLS.md 3.7 V6, queries A and B together
+V6_POSITIVES = np.array([0.2, 0.5, 0.4])  # docs/verification.md#worked-example-v6, queries A and B together
 V6_NEGATIVES = np.array([0.1, 0.3, 0.5, 0.7, 0.3, 0.6, 0.8, 0.9])
 V6_POINTS = [  # (far, k, threshold, tar, achieved far)
     (0.0, 0, 0.1, 0.0, 0.0), (0.125, 1, 0.3, 1 / 3, 0.125), (0.2, 1, 0.3, 1 / 3, 0.125),

@@ -1,5 +1,5 @@
 """The brute-force protocol reference (tests/protocol_reference.py) against the worked vectors of
-PROTOCOLS.md sections 1.6 and 1.10 (copied here as data), and consistency checks on random problems:
+docs/protocols.md#the-seeded-hash, #10-worked-vectors (copied here as data), and consistency checks on random problems:
 the reference is what the engine is tested against, so it is itself tested from the spec.
 """
 
@@ -43,7 +43,7 @@ def assert_curve(curve, expected):
         assert_fraction(value, want)
 
 
-# ---- section 1.6: the hash and the trial draw --------------------------------------------------
+# ---- docs/protocols.md#the-seeded-hash: the hash and the trial draw ------------------------------
 
 def test_hash_test_values():
     assert seeded_hash(0) == 0xE220A8397B1DCDAF
@@ -58,7 +58,7 @@ def test_trial_draw_vector():
     assert galleries == [{1, 2, 5}, {1, 3, 5}]
 
 
-# ---- section 1.10 V1: two queries, eight gallery rows ------------------------------------------
+# ---- docs/protocols.md#v1-two-queries-eight-gallery-rows ------------------------------------
 
 V1_PID = [1, 3, 3, 4, 1, 2, 3, 1]
 V1_CAM = [1, 2, 1, 2, 2, 1, 2, 2]

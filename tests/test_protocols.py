@@ -1,4 +1,4 @@
-"""Protocols as data (PROTOCOLS.md sections 1.1, 1.8, 1.9, 8): the presets are the records the spec
+"""Protocols as data (docs/protocols.md): the presets are the records the spec
 describes, a record survives JSON, user files parse to the record they state, every bad or
 contradictory field is refused naming it, the overrides change exactly what they name, and
 ``streameval protocols`` lists the presets at once, without the engine's libraries.
@@ -31,7 +31,7 @@ MARKET = {
 }
 SYSU_TRIALS = {"count": 10, "source": "draw", "path": None, "group": "pid-camera", "shots": 1, "seed": 0,
                "queries": "all", "cameras": [1, 2, 4, 5]}
-# PROTOCOLS.md 1.8, preset by preset: the fields that differ from market's
+# docs/protocols.md#2-the-presets, preset by preset: the fields that differ from market's
 PRESET_FIELDS = {
     "market": {},
     "none": {"x_same": "none"},
@@ -183,7 +183,7 @@ def test_draw_version_is_recorded_only_when_the_seeded_hash_picks_rows():
     ({"trials": {"count": 2, "colour": 1}}, "trials.colour"),
     ({"trials": 10}, "trials"),
     ({"cmc": "sgs"}, "sgs"),
-    ({"sgs": {}}, "sgs"),  # an sgs table without cmc sgs (PROTOCOLS.md 1.9)
+    ({"sgs": {}}, "sgs"),  # an sgs table without cmc sgs (docs/protocols.md#3-your-own-protocol-file)
     ({"cmc": "sgs", "sgs": {"mode": "mean"}}, "sgs.mode"),
     ({"cmc": "sgs", "sgs": {"repeats": 0}}, "sgs.repeats"),
     ({"cmc": "sgs", "sgs": {"repeats": 100_001}}, "sgs.repeats"),
@@ -206,7 +206,7 @@ def test_a_record_with_an_unknown_or_missing_key_is_refused():
     refused("table of fields", Protocol.from_record, ["market"])
 
 
-# --- user files (PROTOCOLS.md 1.9) ----------------------------------------------------------------
+# --- user files (docs/protocols.md#3-your-own-protocol-file) --------------------------------------
 
 
 def test_the_section_1_9_example_parses_as_toml_and_as_json(tmp_path):
@@ -305,7 +305,7 @@ def test_a_file_that_cannot_be_read_is_an_option_error(tmp_path):
     refused("got 42", resolve, 42)
 
 
-# --- overrides (PROTOCOLS.md section 8) -----------------------------------------------------------
+# --- overrides (docs/protocols.md#4-changing-a-field-from-the-command-line) -----------------------
 
 
 def test_overrides_change_exactly_the_field_they_name():

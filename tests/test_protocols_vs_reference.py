@@ -1,5 +1,5 @@
 """The engine against the brute-force protocol reference (tests/protocol_reference.py) for every
-preset and flavour (PROTOCOLS.md section 1), on random small problems with integer-valued
+preset and flavour (docs/protocols.md), on random small problems with integer-valued
 features (exact distances, frequent ties), for several chunkings: every trial's numbers, their
 means and spread, and the sgs curves must match to 1e-12, and be identical across chunkings."""
 

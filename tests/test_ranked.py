@@ -1,7 +1,7 @@
-"""Ranked lists (PROTOCOLS.md section 5) against a brute-force top-k.
+"""Ranked lists (docs/ranked-lists.md) against a brute-force top-k.
 
 The reference builds the full query x extended-gallery distance matrix in float64, sorts every
-row by (distance, gallery index), keeps the rows of section 1.2 (``protocol_reference.is_kept``)
+row by (distance, gallery index), keeps the rows of docs/protocols.md#the-kept-set (``protocol_reference.is_kept``)
 and reads the top-k, the excluded rows before the k-th kept one and the positives' ranks off that
 list.  Integer-valued features make every distance exact, so ties are frequent and the lists must
 be equal entry for entry, for several chunkings and protocols (queries in the gallery, camera
@@ -214,7 +214,7 @@ def test_a_query_without_positives_is_listed_by_id_only_and_outside_its_trial_ha
 
 # ------------------------------------------------------------------------------------ vector V9
 
-# PROTOCOLS.md section 1.10, V1: two queries, eight gallery rows (pid, camera, distances)
+# docs/protocols.md#v1-two-queries-eight-gallery-rows: two queries, eight gallery rows (pid, camera, distances)
 V1_PID = [1, 3, 3, 4, 1, 2, 3, 1]
 V1_CAM = [1, 2, 1, 2, 2, 1, 2, 2]
 V1_DIST = [[".10", ".20", ".30", ".40", ".50", ".60", ".65", ".70"],  # query A: pid 1, camera 1
@@ -426,7 +426,7 @@ def test_records_carry_the_stores_image_paths_also_for_query_copies(tmp_path):
     assert read_records(tmp_path / "lists.zarr") == list(result.ranked_lists)
     with pytest.raises(streameval.OptionError, match="exists"):
         result.ranked_lists.write(tmp_path / "lists.zarr")
-    result.ranked_lists.write(tmp_path / "names.csv")  # the plain CSV of file names (PROTOCOLS.md 5.2)
+    result.ranked_lists.write(tmp_path / "names.csv")  # the plain CSV of file names (docs/ranked-lists.md#one-record-per-query-json-lines)
     with open(tmp_path / "names.csv", newline="") as fh:
         lines = list(csv.DictReader(fh))
     items = [(record, position, item) for record in result.ranked_lists

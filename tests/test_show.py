@@ -1,6 +1,6 @@
 """``streameval show``: the HTML page (and PNG grids) of ranked lists.
 
-Ranked lists are computed here by brute force (PROTOCOLS.md section 5, market protocol) from a real
+Ranked lists are computed here by brute force (docs/ranked-lists.md, market protocol) from a real
 store made by ``synth --images`` and written in the JSON-lines record format, and the page is read
 back with an HTML parser: one section per selected query, in order, each with the query and its
 top-k (marks, ranks, distances, image files), the positives, or without image paths a table.  One

@@ -1,4 +1,4 @@
-"""Fixed vectors of METRICS.md section 3 (worked examples) and the ranking-related ones of section 4.4.
+"""Fixed vectors of docs/metrics.md#4-closed-set-metrics-cmc-ap-inp (worked examples) and the ranking-related ones of docs/metrics.md#8-test-vectors.
 
 Every vector is built as real features whose distances produce the wanted ranking: 1-D features,
 query at 0, so the euclidean distance of a gallery item is its feature value (sqeuclidean: its
@@ -84,7 +84,7 @@ def assert_single_query(result, ap, inp, first_hit, n_positives, ap_trap=None):
     assert result.mAP_trapezoid <= result.mAP + TOL
 
 
-# ------------------------------------------------------------------- section 3: worked examples
+# -------------------------------------------------------------- docs/metrics.md#4-closed-set-metrics-cmc-ap-inp: worked examples
 
 
 # (positive ranks, AP to 4 decimals, exact AP, exact AP trapezoid, INP) for 10 ranked items, 3 positives
@@ -124,7 +124,7 @@ def test_worked_examples_as_one_problem():
     assert result.rank(1) == 1.0 and len(result.cmc) == 50
 
 
-# ------------------------------------------------------------------ section 4.4: Table 2, AP and INP
+# ------------------------------------------------------------- docs/metrics.md#8-test-vectors: Table 2, AP and INP
 
 
 # list: (distances, gt, AP, INP); lists V and VI have no positive (open-set queries)
@@ -188,7 +188,7 @@ def test_table2_all_lists_as_one_problem():
     assert abs(result.mINP - float(sum(inps) / 4)) <= TOL
 
 
-# --------------------------------------------------- section 4.4: edge vectors (ranking part only)
+# ---------------------------------------------- docs/metrics.md#8-test-vectors: edge vectors (ranking part only)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Feature-variant suites (PROTOCOLS.md section 4): every evaluation of a suite equals a separate
+"""Feature-variant suites (docs/suites.md): every evaluation of a suite equals a separate
 evaluation of its (query variant, gallery variant) pair, bit for bit, for several chunkings, both
 schedulers and after appends; per setting the spread equals numpy's over the per-trial values;
 the plan's presets, files and refusals; the command line end to end.
@@ -174,7 +174,7 @@ def test_settings_spread_is_numpys_over_the_trials(store):
 
 
 def test_without_std_ddof_the_spread_is_the_sample_std(store):
-    """PROTOCOLS.md 4.3: std over the trials with ddof 1 unless the suite says otherwise."""
+    """docs/suites.md#the-result-json: std over the trials with ddof 1 unless the suite says otherwise."""
     section = run_suite(store, load_suite("cil-factorial", trials=TRIALS)).to_dict()["suite"]
     assert section["std_ddof"] == 1
     spread_seen = False

@@ -1,7 +1,7 @@
-"""Rendering a suite result (issue 14, PROTOCOLS.md section 4.3): the table shaped like the CIL-ReID
+"""Rendering a suite result (issue 14, docs/suites.md#the-result-json): the table shaped like the CIL-ReID
 paper's (one row per setting in the order clean, query, gallery, both; mINP, mAP, R1, R5, R10 as
 "mean (std)" x 100; clean once without std; the headline setting marked), every evaluation in
-upstream's column order, the per-corruption breakdown (section 4.4), the command's summary lines,
+upstream's column order, the per-corruption breakdown (docs/suites.md#per-corruption-breakdown), the command's summary lines,
 and the suite plot.
 
 The suite results are written by hand in the schema the suite engine writes (COMMON section 3),

@@ -1,4 +1,4 @@
-"""Feature variants in a store (docs/variants.md, PROTOCOLS.md 4.1 and 4.6): written, read back,
+"""Feature variants in a store (docs/variants.md, docs/variants.md): written, read back,
 refused, appended, converted, listed, and written corruption-like by synth."""
 
 from __future__ import annotations

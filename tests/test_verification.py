@@ -1,5 +1,5 @@
-"""Pair-level verification (PROTOCOLS.md 3.2, 3.5, 3.6) against a brute-force reference written
-here: every pair of a small problem materialised in float64, the kept sets of section 1.2
+"""Pair-level verification (docs/verification.md#definitions, #how-it-is-computed; docs/options.md#the-json-result) against a brute-force reference written
+here: every pair of a small problem materialised in float64, the kept sets of docs/protocols.md#the-kept-set
 (``protocol_reference``), negatives sorted.  TAR, achieved FAR, thresholds, AUC and the ROC points
 must be equal exactly (the same integer counts), for heavy ties (integer features), open-set and
 same-camera-only queries, trials, several chunkings, the one-pass tail and the two-pass refinement,
@@ -66,7 +66,7 @@ def routed(monkeypatch, route: str):
 
 
 def key_bin(x: float, bits: int) -> int:
-    """Top ``bits`` of the order-preserving key of float64 x (PROTOCOLS.md 3.6, on 64 bits)."""
+    """Top ``bits`` of the order-preserving key of float64 x (docs/verification.md#how-it-is-computed, on 64 bits)."""
     u = struct.unpack("<Q", struct.pack("<d", x + 0.0))[0]
     key = (~u & MASK) if u >> 63 else u | (1 << 63)
     return key >> (64 - bits)
@@ -97,7 +97,7 @@ def below(values: list, t: float) -> int:
 
 
 def reference_trial(pos: list, neg: list, targets: str, bits: int) -> dict:
-    """PROTOCOLS.md 3.2, literally."""
+    """docs/verification.md#definitions, literally."""
     points = []
     for text in targets.split(","):
         k = math.floor(Fraction(text) * len(neg))
@@ -307,7 +307,7 @@ def test_tail_and_two_pass_agree_on_real_valued_features_with_float32_windows(au
 
 
 def v6_store(tmp_path):
-    """PROTOCOLS.md 3.7 V6 as a distance store: query A (pid 1, camera 4) has positive pairs .2, .5
+    """docs/verification.md#worked-example-v6 as a distance store: query A (pid 1, camera 4) has positive pairs .2, .5
     and negatives .1, .3, .5, .7; query B (pid 2, camera 3) positive .4 and negatives .3, .6, .8, .9
     (gallery row 3 is B's identity in B's camera: excluded for B by the market rule)."""
     g_pids, g_cams = np.array([1, 1, 2, 2, 5, 6]), np.array([1, 1, 2, 3, 2, 2])
@@ -373,7 +373,7 @@ def test_fast_reid_inverted_roc_is_reproduced_from_our_numbers(tmp_path):
         assert tar == pytest.approx(float(1 - fast_reid_fpr(t)), abs=1e-15)
         checked += 1
     assert checked >= 8
-    # V6 (PROTOCOLS.md 3.7): fast-reid's "TPR" at t = .5 is 5/8 = 1 - FAR<(.5)
+    # V6 (docs/verification.md#worked-example-v6): fast-reid's "TPR" at t = .5 is 5/8 = 1 - FAR<(.5)
     v6 = streameval.evaluate(v6_store(tmp_path), no_gom=True, verification=True, far="0.375").verification
     assert v6["points"][0]["threshold"] == .5 and 1 - v6["points"][0]["achieved_far"] == 5 / 8
 

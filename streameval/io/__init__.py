@@ -108,13 +108,9 @@ class Source:
     def ids(self, array):
         """An array used as ids: a MATLAB 1 x N or N x 1 array as a vector; whole floating point
         numbers (MATLAB's doubles, pids saved from float tensors) as int64, fractions refused."""
-        if self.matlab:
-            from .mat import matlab_ids
-
-            return matlab_ids(array, self.path)
         from .ids import integral_ids
 
-        return integral_ids(array, self.path)
+        return integral_ids(array.vector() if self.matlab else array, self.path)
 
 
 @dataclass(frozen=True)

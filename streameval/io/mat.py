@@ -66,9 +66,3 @@ def _is_hdf5(src: str) -> bool:
         raise StoreError(f"cannot read '{src}': {exc.strerror or exc}") from None
     return False
 
-
-def matlab_ids(array, src: str):
-    """An array of a .mat file used as ids: as a vector, integral doubles as int64."""
-    from .ids import integral_ids
-
-    return integral_ids(array.vector(), src)

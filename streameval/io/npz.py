@@ -39,10 +39,6 @@ class Member:
     def _error(self, exc: Exception) -> StoreError:
         return StoreError(f"cannot read '{self.name}' from '{self.src}': {exc}")
 
-    @property
-    def row_items(self) -> int:
-        return int(np.prod(self.shape[1:], dtype=np.int64))
-
     def blocks(self, step: int):
         """Yield consecutive blocks of ``step`` rows (the last one shorter)."""
         try:
@@ -71,7 +67,7 @@ class Member:
             return
         with self.zf.open(self.info) as fh:
             _read_header(fh)
-            row_bytes = self.row_items * self.dtype.itemsize
+            row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
             for start in range(0, n, step):
                 rows = min(step, n - start)
                 data = _read_exact(fh, rows * row_bytes)
@@ -82,13 +78,11 @@ def _read_header(fh):
     """(shape, fortran order, dtype) of a member, through numpy's public format API only (its
     private header reader moved between numpy versions)."""
     version = npy_format.read_magic(fh)
-    if version == (1, 0):
-        return npy_format.read_array_header_1_0(fh)
-    if version == (2, 0):
-        return npy_format.read_array_header_2_0(fh)
-    if version == (3, 0):
-        return _read_header_3_0(fh)
-    raise ValueError(f"unknown .npy format version {version[0]}.{version[1]}")
+    readers = {(1, 0): npy_format.read_array_header_1_0, (2, 0): npy_format.read_array_header_2_0,
+               (3, 0): _read_header_3_0}
+    if version not in readers:
+        raise ValueError(f"unknown .npy format version {version[0]}.{version[1]}")
+    return readers[version](fh)
 
 
 def _read_header_3_0(fh):
@@ -118,14 +112,10 @@ def _read_header_3_0(fh):
 
 
 def _read_exact(fh, nbytes: int) -> bytes:
-    parts, remaining = [], nbytes
-    while remaining:
-        data = fh.read(remaining)
-        if not data:
-            raise EOFError("the data ends before the size its header declares")
-        parts.append(data)
-        remaining -= len(data)
-    return b"".join(parts) if len(parts) != 1 else parts[0]
+    data = fh.read(nbytes)  # a zip member's read(n) returns n bytes unless the member ends first
+    if len(data) < nbytes:
+        raise EOFError("the data ends before the size its header declares")
+    return data
 
 
 def open_source(src: str) -> Source:

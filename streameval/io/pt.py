@@ -64,18 +64,15 @@ def _reason(message: str) -> str:
 
 def _flatten(torch, value, name: str, out: dict, src: str) -> None:
     """Arrays of ``value`` into ``out`` by path (dict keys, list positions); other values are left out."""
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            _flatten(torch, item, f"{name}/{key}" if name else str(key), out, src)
-    elif isinstance(value, torch.Tensor):
+    if isinstance(value, torch.Tensor):
         out[name] = _array(torch, value, f"'{src}': {name or 'the tensor'}")
     elif isinstance(value, np.ndarray):
         out[name] = value
     elif isinstance(value, (list, tuple)) and value and all(isinstance(v, Number) for v in value):
         out[name] = np.asarray(value)
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            _flatten(torch, item, f"{name}/{i}" if name else str(i), out, src)
+    elif isinstance(value, (Mapping, list, tuple)):
+        for key, item in value.items() if isinstance(value, Mapping) else enumerate(value):
+            _flatten(torch, item, f"{name}/{key}" if name else str(key), out, src)
 
 
 def _array(torch, tensor, what: str) -> np.ndarray:

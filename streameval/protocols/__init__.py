@@ -1,4 +1,4 @@
-"""Protocols as data (PROTOCOLS.md section 1): ``resolve`` turns a preset name, a protocol file or a
+"""Protocols as data (docs/protocols.md): ``resolve`` turns a preset name, a protocol file or a
 Protocol, plus the command line's overrides, into the one validated record an evaluation uses.
 
 Importable without numpy (``streameval protocols`` answers at once).
@@ -25,7 +25,7 @@ def resolve(spec, *, junk_pids=None, denominator=None, cmc=None, trials=None, tr
     """The protocol ``spec`` names, with the overrides applied (None keeps the spec's value).
 
     ``spec``: a preset name or alias, a .toml / .json protocol file, or a Protocol (checked again).
-    Overrides (PROTOCOLS.md section 8, the CLI options with underscores):
+    Overrides (docs/protocols.md#4-changing-a-field-from-the-command-line, the CLI options with underscores):
 
     * ``junk_pids`` (ints), ``denominator``;
     * ``cmc``: first-hit or identity-dedup; the sgs CMC is neither switched on nor off here (it
@@ -42,10 +42,7 @@ def resolve(spec, *, junk_pids=None, denominator=None, cmc=None, trials=None, tr
     protocol = _named(spec)
     changes = {"trials": _trials(protocol, trials, trial_source, shots, seed)}
     changes.update(_sgs(protocol, sgs_mode, sgs_repeats, camera_rule, seed))
-    if junk_pids is not None:
-        changes["junk_pids"] = junk_pids
-    if denominator is not None:
-        changes["denominator"] = denominator
+    changes.update(_given(junk_pids=junk_pids, denominator=denominator))
     if cmc is not None:
         changes["cmc"] = _cmc(protocol, cmc)
     if direction is not None:
@@ -82,11 +79,7 @@ def _trials(protocol: Protocol, trials, trial_source, shots, seed) -> TrialSpec 
     if trial_source is not None:
         source, path = split_trial_source(trial_source, "trial_source")
         spec = replace(spec, source=source, path=path and os.path.abspath(path))
-    if shots is not None:
-        spec = replace(spec, shots=shots)
-    if seed is not None:
-        spec = replace(spec, seed=seed)
-    return spec
+    return replace(spec, **_given(shots=shots, seed=seed))
 
 
 def _sgs(protocol: Protocol, sgs_mode, sgs_repeats, camera_rule, seed) -> dict:
@@ -100,13 +93,7 @@ def _sgs(protocol: Protocol, sgs_mode, sgs_repeats, camera_rule, seed) -> dict:
         rule = _choice(camera_rule, "camera_rule", CAMERA_RULES)
         sgs = replace(sgs, camera_rule=rule)
         changes["x_same"], changes["x_any"] = CAMERA_RULE_RELATIONS[rule]
-    if sgs_mode is not None:
-        sgs = replace(sgs, mode=sgs_mode)
-    if sgs_repeats is not None:
-        sgs = replace(sgs, repeats=sgs_repeats)
-    if seed is not None:
-        sgs = replace(sgs, seed=seed)
-    return {**changes, "sgs": sgs}
+    return {**changes, "sgs": replace(sgs, **_given(mode=sgs_mode, repeats=sgs_repeats, seed=seed))}
 
 
 def _cmc(protocol: Protocol, cmc) -> str:
@@ -124,10 +111,14 @@ def _directions(protocol: Protocol, direction) -> tuple:
     return DIRECTIONS if chosen == "both" else (chosen,)
 
 
+def _given(**overrides) -> dict:
+    """The overrides given (not None)."""
+    return {name: value for name, value in overrides.items() if value is not None}
+
+
 def _refuse_unused(why: str, **overrides) -> None:
-    for name, value in overrides.items():
-        if value is not None:
-            raise OptionError(f"{name} does not apply: {why}")
+    for name in _given(**overrides):
+        raise OptionError(f"{name} does not apply: {why}")
 
 
 def _check_trial_table(protocol: Protocol) -> None:

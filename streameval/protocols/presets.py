@@ -1,4 +1,4 @@
-"""The named protocols of PROTOCOLS.md section 1.8: each a Protocol record, with its aliases, one
+"""The named protocols of docs/protocols.md#2-the-presets: each a Protocol record, with its aliases, one
 line on the published numbers it reproduces, and the code or paper it follows."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ class Preset:
 
 
 def _sysu(name: str, search: str, gallery_cameras: tuple) -> Preset:
-    """SYSU-MM01 (PROTOCOLS.md 1.8.4): infrared queries from cameras 3 and 6, an RGB gallery drawn
+    """SYSU-MM01 (docs/protocols.md#sysu-all-sysu-indoor): infrared queries from cameras 3 and 6, an RGB gallery drawn
     once per trial (one image per identity and camera), query camera 3 never sees gallery camera 2."""
     protocol = Protocol(
         name=name, x_same=SAME_CAMERA, x_any=CameraRelation(pairs=((3, 2),)), cmc="identity-dedup",

@@ -1,4 +1,4 @@
-"""A protocol as data (PROTOCOLS.md section 1.1): which gallery rows a query is scored against, the
+"""A protocol as data (docs/protocols.md#1-the-fields): which gallery rows a query is scored against, the
 CMC flavour, the denominator policy and the trials.  Presets (``presets.py``) and user files
 (``userfile.py``) are records of this type; the engine reads only these fields.
 
@@ -29,7 +29,7 @@ TRIAL_QUERIES = ("all", "not-in-gallery")
 SGS_MODES = ("sampled", "expected", "both")
 CAMERA_RULES = ("same-id-same-cam", "separate-cameras")
 DIRECTIONS = ("v2t", "t2v")
-DRAW_VERSION = 1  # of the seeded draws (PROTOCOLS.md 1.6): bump when the hash or a draw rule changes
+DRAW_VERSION = 1  # of the seeded draws (docs/protocols.md#the-seeded-hash): bump when the hash or a draw rule changes
 OFFICIAL_PREFIX = "official:"  # trial source "official:PATH" (CLI and user files)
 
 
@@ -43,7 +43,7 @@ class CameraRelation:
 
 @dataclass(frozen=True)
 class TrialSpec:
-    """Gallery (and query) masks over one superset gallery (PROTOCOLS.md 1.5-1.6, 1.8.4, 1.8.6)."""
+    """Gallery (and query) masks over one superset gallery (docs/protocols.md)."""
 
     count: int  # T, 1..MAX_TRIALS
     source: str = "draw"  # TRIAL_SOURCES
@@ -57,7 +57,7 @@ class TrialSpec:
 
 @dataclass(frozen=True)
 class SgsSpec:
-    """Single-gallery-shot CMC (PROTOCOLS.md 1.8.3); the camera rule is also reflected in x_same / x_any."""
+    """Single-gallery-shot CMC (docs/protocols.md#cuhk03-sgs); the camera rule is also reflected in x_same / x_any."""
 
     mode: str = "sampled"  # SGS_MODES
     repeats: int = 10
@@ -65,7 +65,7 @@ class SgsSpec:
     camera_rule: str = "same-id-same-cam"  # CAMERA_RULES
 
 
-# (x_same, x_any) of each sgs camera rule: torchreid's and open-reid's (PROTOCOLS.md 1.8.3)
+# (x_same, x_any) of each sgs camera rule: torchreid's and open-reid's (docs/protocols.md#cuhk03-sgs)
 CAMERA_RULE_RELATIONS = {
     "same-id-same-cam": (CameraRelation(equal=True), CameraRelation()),
     "separate-cameras": (CameraRelation(), CameraRelation(equal=True)),
@@ -95,7 +95,7 @@ class Protocol:
 
     @property
     def uses_seeded_draws(self) -> bool:
-        """True when the seeded hash of PROTOCOLS.md 1.6 picks rows: trials drawn with source "draw",
+        """True when the seeded hash of docs/protocols.md#the-seeded-hash picks rows: trials drawn with source "draw",
         or a sampled sgs CMC.  Only then does the result depend on ``DRAW_VERSION``."""
         drawn_trials = self.trials is not None and self.trials.source == "draw"
         sampled_sgs = self.sgs is not None and self.sgs.mode in ("sampled", "both")
@@ -174,7 +174,7 @@ def _canonical_fields(protocol: Protocol) -> dict:
 
 
 def _check_combinations(protocol: Protocol) -> None:
-    """Fields that contradict each other (PROTOCOLS.md 1.9): refused, naming the field."""
+    """Fields that contradict each other (docs/protocols.md#3-your-own-protocol-file): refused, naming the field."""
     sgs, trials = protocol.sgs, protocol.trials
     if protocol.cmc == "sgs" and sgs is None:
         raise OptionError("sgs: cmc 'sgs' needs an sgs table (mode, repeats, seed, camera_rule)")
@@ -194,8 +194,7 @@ def _check_combinations(protocol: Protocol) -> None:
     gallery = protocol.gallery_cameras
     outside = [c for c in trials.cameras if gallery is not None and c not in gallery]
     if outside:
-        raise OptionError(f"trials.cameras: camera {outside[0]} is not among gallery_cameras "
-                          f"{list(gallery)}")
+        raise OptionError(f"trials.cameras: camera {outside[0]} is not among gallery_cameras {list(gallery)}")
 
 
 def _trials(spec: TrialSpec) -> TrialSpec:

@@ -1,4 +1,4 @@
-"""User-defined protocols (PROTOCOLS.md section 1.9): a .toml or .json file with the fields of a
+"""User-defined protocols (docs/protocols.md#3-your-own-protocol-file): a .toml or .json file with the fields of a
 protocol record.  Missing fields take ``market``'s values, a missing name the file's stem; a relative
 ``official`` trial table is found beside the file.  Every problem is one OptionError naming the file
 and the key (or the parser's line)."""
@@ -37,21 +37,14 @@ def read_table_file(path, what: str = "protocol file"):
     """The parsed content of a .toml or .json file (protocols, suites); every problem one
     OptionError naming ``what`` and the file."""
     path = Path(path)
-    return _parse(path, _read(path, what), what)
-
-
-def _read(path: Path, what: str) -> bytes:
     if not is_protocol_file(path):
         raise OptionError(f"{what} '{path}' must end in {' or '.join(SUFFIXES)}")
     try:
-        return path.read_bytes()
+        data = path.read_bytes()
     except FileNotFoundError:
         raise OptionError(f"{what} '{path}' does not exist") from None
     except OSError as exc:
         raise OptionError(f"cannot read {what} '{path}': {exc.strerror or exc}") from None
-
-
-def _parse(path: Path, data: bytes, what: str):
     try:
         if path.suffix.lower() == ".toml":
             return tomllib.loads(data.decode("utf-8"))  # its messages end "(at line L, column C)"

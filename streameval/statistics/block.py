@@ -13,7 +13,7 @@ the few rows that pass; one that needs every pair's distance (GOM's thresholds) 
 time into a buffer that stays in cache (``row_distances``).  Statistics that still read a filled
 block declare ``reads_distances`` and the pass fills ``dist`` for them only.
 
-Who counts as what (PROTOCOLS.md section 1.2) is decided here, once, for every statistic:
+Who counts as what (docs/protocols.md#the-kept-set) is decided here, once, for every statistic:
 
 * ``kept_negative``: gallery row j is a kept negative of query i in some trial: another pid, not a
   junk pid, the camera pair not in ``x_any`` (both in ``g_dropped``), and a trial holding

@@ -1,4 +1,4 @@
-"""Identity-dedup CMC (PROTOCOLS.md section 1.3; SYSU-MM01's official evaluation).
+"""Identity-dedup CMC (docs/protocols.md#cmc-flavours; SYSU-MM01's official evaluation).
 
 rho(q) = 1 + the number of other identities with a kept row before q's first positive.  Per query
 and trial the state holds up to L = max_rank distinct pids of negatives seen before that trial's

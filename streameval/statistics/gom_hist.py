@@ -1,4 +1,4 @@
-"""GOM threshold histograms (METRICS.md section 4): per query and trial, its negatives counted by
+"""GOM threshold histograms (docs/metrics.md#5-open-set-metrics-gom): per query and trial, its negatives counted by
 the first threshold tau_k that returns them (k = N + 1: never).  Additive over gallery rows.
 
 With ``fixed`` normalisation two diagnostics ride along (``clipping``): the negatives

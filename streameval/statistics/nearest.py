@@ -1,4 +1,4 @@
-"""The nearest kept item of each open-set query (PROTOCOLS.md sections 3.3 and 3.6).
+"""The nearest kept item of each open-set query (docs/open-set.md#how-it-is-computed).
 
 A non-mated query's open-set score is s(q) = min over its kept rows K_t(q) of d (+inf when K_t(q) is
 empty).  ``dist[i, t]`` holds that minimum as an exact (canonical) distance over the rows counted so

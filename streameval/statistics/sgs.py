@@ -1,4 +1,4 @@
-"""Single-gallery-shot CMC (PROTOCOLS.md section 1.8.3; classic CUHK03).
+"""Single-gallery-shot CMC (docs/protocols.md#cuhk03-sgs; classic CUHK03).
 
 Per query q in Q+, each identity j with kept rows I(q) contributes one drawn row; rho counts the
 identities whose drawn row comes before q's drawn positive.
@@ -19,7 +19,6 @@ identities whose drawn row comes before q's drawn positive.
 from __future__ import annotations
 
 from collections import namedtuple
-from dataclasses import dataclass
 
 import numba as nb
 import numpy as np
@@ -35,50 +34,6 @@ SgsDraws = namedtuple("SgsDraws", [
     "q_class", "q_index", "key_d", "key_g",  # per query: camera class, row; drawn positive per repeat
     "rows", "class_start", "starts", "counts",  # Identities.rows concatenated, each class's start in it
 ])
-
-
-@dataclass(frozen=True)
-class Identities:
-    """What the draws need about the gallery, from ids only (``graph.metadata``).
-
-    ``pids``: the identities (sorted pid values) with a row some query may keep.  Per query camera
-    class c (``q_classes``: the distinct query cameras), ``rows[c]``: the extended gallery rows a
-    camera-c query keeps as negatives (in the gallery, not junk, camera pair not in x_any), sorted
-    by (identity, row); ``starts[c, j]``, ``counts[c, j]``: identity j's rows in it (n_j(q))."""
-
-    pids: np.ndarray
-    q_classes: np.ndarray
-    rows: list
-    starts: np.ndarray
-    counts: np.ndarray
-
-    def identity_index(self, pid: np.ndarray) -> np.ndarray:
-        """Index of each pid in ``pids``, -1 for a pid that is not an identity."""
-        if self.pids.shape[0] == 0:
-            return np.full(np.shape(pid), -1, dtype=np.int64)
-        at = np.minimum(np.searchsorted(self.pids, pid), self.pids.shape[0] - 1)
-        return np.where(self.pids[at] == pid, at, -1).astype(np.int64)
-
-    def camera_class(self, q_cam: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self.q_classes, q_cam)
-
-
-def identities(g_pid, g_cam, kept_base, q_cams, excluded_any) -> Identities:
-    """``kept_base``: rows in the gallery and not junk; ``excluded_any(c, g_cam)``: whether x_any
-    excludes each row for a camera-c query."""
-    classes = np.unique(q_cams)
-    pids = np.unique(g_pid[kept_base])
-    rows, starts, counts = [], [], []
-    for c in classes:
-        kept = np.flatnonzero(kept_base & ~excluded_any(c, g_cam))
-        kept = kept[np.argsort(g_pid[kept], kind="stable")]
-        count = np.bincount(np.searchsorted(pids, g_pid[kept]), minlength=pids.shape[0])
-        rows.append(kept)
-        counts.append(count)
-        starts.append(np.cumsum(count) - count)
-    shape = (classes.shape[0], pids.shape[0])
-    return Identities(pids, classes, rows, np.array(starts, dtype=np.int64).reshape(shape),
-                      np.array(counts, dtype=np.int64).reshape(shape))
 
 
 _mix = nb.njit(nogil=True, cache=True, inline="always")(mix_words)

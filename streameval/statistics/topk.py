@@ -1,4 +1,4 @@
-"""Ranked lists (PROTOCOLS.md section 5): per query, the k smallest keys (distance, gallery row) of
+"""Ranked lists (docs/ranked-lists.md): per query, the k smallest keys (distance, gallery row) of
 trial t's kept negatives and, with ``--with-junk``, of its excluded rows.
 
 A list is a (k, 2) float64 array of keys sorted ascending: [canonical distance, extended gallery

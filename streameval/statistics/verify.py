@@ -1,4 +1,4 @@
-"""Pair-level verification (PROTOCOLS.md 3.2, 3.6): the kept negative pairs of all queries, per
+"""Pair-level verification (docs/verification.md#definitions, #how-it-is-computed): the kept negative pairs of all queries, per
 trial, as an additive histogram, a tail of the smallest ones and the AUC sum; and the refinement
 passes of the exact two-pass selection.  ``verification`` finalises them.
 

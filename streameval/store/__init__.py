@@ -47,9 +47,12 @@ The package is split by step: ``layout`` (schema constants, FeatureSet / Store, 
 ``identity`` (chunk checksums bound to their place),
 ``values`` (checks before writing), ``writing`` (create, fill, append), ``reading`` (chunk reads,
 ``validate_values``, ``rows_fingerprint``), ``variants`` (named feature variants of a set, beside its
-features: docs/variants.md).  The names below are its public interface.
+features: docs/variants.md).  Other kinds of sets plug in: a distance store (``distances``) registers
+its opener in ``layout.OPENERS``, and a distance set or a stack of variants (``stack``) carries its
+``FeatureSet.reader``, so ``layout`` and ``reading`` name neither.  The names below are its public interface.
 """
 
+from . import distances  # noqa: F401 (registers the distance stores' kinds with layout.OPENERS)
 from .layout import (COMMITTED_ATTR, DEFAULT_CHUNK_ROWS, FEATURE_DTYPES, FIELDS, ID_FILL, METRICS, SCHEMA_VERSION, SETS,
                      FeatureSet, Store, describe, is_local_path, open_group, open_store)
 from .reading import read_field, read_ids, read_rows, rows_fingerprint, validate_values

@@ -19,10 +19,12 @@ checked finite before anything is written, and again as blocks are read (a damag
 is a StoreError, never a number: fill value NaN, crc32c checksums, as for features).
 
 A distance store does not grow: ``append`` and ``update`` refuse it (appending gallery rows would
-change re-ranked distances of the old rows too; PROTOCOLS.md 6.2).
+change re-ranked distances of the old rows too; docs/distances.md#what-applies).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import zarr
@@ -30,8 +32,8 @@ from zarr.codecs import Crc32cCodec
 
 from ..choices import check_range
 from ..errors import StoreError, one_line
-from .layout import (COMMITTED_ATTR, DISTANCE_DTYPES, DISTANCE_KINDS, RECREATE, FeatureSet, Store, check_safeguards,
-                     open_array, open_store)
+from .layout import (COMMITTED_ATTR, DISTANCE_DTYPES, DISTANCE_KINDS, OPENERS, RECREATE, FeatureSet, Store,
+                     check_safeguards, open_array, open_store)
 from .values import check_ids
 
 CHUNK_BYTES = 8 << 20  # a distance chunk: about 8 MiB
@@ -121,7 +123,7 @@ def _checked(matrix, rows: slice, cols: slice, name: str, dtype: np.dtype) -> np
     return block
 
 
-def open_distance_sets(group: zarr.Group, path: str, committed: int | None) -> tuple:
+def open_distance_sets(group: zarr.Group, path: str, committed: int | None, kind: str) -> tuple:
     """(query, gallery) FeatureSets of a distance store, every structural fact checked."""
     sets = {}
     for name in ("query", "gallery"):
@@ -142,7 +144,8 @@ def open_distance_sets(group: zarr.Group, path: str, committed: int | None) -> t
                              f"{RECREATE}")
         if distances is not None:
             _check_matrix(distances, path, name, (n_query, rows), pids.chunks[0])
-        fs = FeatureSet(name=name, features=None, pids=pids, camids=camids, rows=rows, distances=distances)
+        fs = FeatureSet(name=name, features=None, pids=pids, camids=camids, rows=rows, distances=distances,
+                        reader=Distances(kind == "similarity"))
         check_safeguards(fs, path)
         result.append(fs)
     return tuple(result)
@@ -159,16 +162,34 @@ def _check_matrix(arr: zarr.Array, path: str, name: str, shape: tuple, set_chunk
                          f"({set_chunk} rows); {RECREATE}")
 
 
-def read_distances(store_kind: str, arr: zarr.Array, set_name: str, query_rows, start: int, stop: int) -> np.ndarray:
-    """float64 distances of ``query_rows`` (a slice or row numbers) to the set's rows [start, stop),
-    checked finite; a similarity store's values negated."""
-    try:
-        block = arr.oindex[query_rows, start:stop]
-    except Exception as exc:  # zarr, its codecs and the store raise many types for a damaged chunk
-        raise StoreError(f"{set_name} rows {start}-{stop - 1}: cannot read their distances in "
-                         f"'{arr.store_path}' ({one_line(exc)}); restore the file or recreate the store") from None
-    block = np.asarray(block, dtype=np.float64)
-    if not np.isfinite(block).all():
-        raise StoreError(f"{set_name} rows {start}-{stop - 1}: distances missing or not finite "
-                         f"(a missing chunk file reads as NaN) in '{arr.store_path}'")
-    return -block if store_kind == "similarity" else block
+@dataclass(frozen=True)
+class Distances:
+    """How a distance store's set is read (``FeatureSet.reader``): its stored distances to the queries."""
+
+    similarity: bool  # a similarity store: its values are negated into distances
+
+    def read(self, fs: FeatureSet, query_rows, start: int, stop: int) -> np.ndarray:
+        """float64 distances of ``query_rows`` (a slice or row numbers) to the set's rows [start, stop),
+        checked finite; a similarity store's values negated."""
+        arr = fs.distances
+        try:
+            block = arr.oindex[query_rows, start:stop]
+        except Exception as exc:  # zarr, its codecs and the store raise many types for a damaged chunk
+            raise StoreError(f"{fs.name} rows {start}-{stop - 1}: cannot read their distances in "
+                             f"'{arr.store_path}' ({one_line(exc)}); restore the file or recreate the store") from None
+        block = np.asarray(block, dtype=np.float64)
+        if not np.isfinite(block).all():
+            raise StoreError(f"{fs.name} rows {start}-{stop - 1}: distances missing or not finite "
+                             f"(a missing chunk file reads as NaN) in '{arr.store_path}'")
+        return -block if self.similarity else block
+
+    def validate(self, fs: FeatureSet, start: int, stop: int) -> None:
+        """Read every stored distance to the set's rows [start, stop), a chunk at a time (``validate_values``)."""
+        if fs.distances is None:  # the queries of a store without query x query distances
+            return
+        step = fs.distances.chunks[0]
+        for first in range(0, fs.distances.shape[0], step):
+            self.read(fs, slice(first, first + step), start, stop)
+
+
+OPENERS.update(dict.fromkeys(DISTANCE_KINDS, open_distance_sets))

@@ -45,6 +45,9 @@ class FeatureSet:
     rows: int  # committed rows: the arrays may hold an uncommitted tail left by an interrupted append
     distances: zarr.Array | None = None  # distance stores: (queries, rows)
     period: int = 0  # a stack of variants (``stack.stack_sets``): row i stands for row i % period
+    # how a set other than stored features is read, checked and fingerprinted, given by its kind's
+    # module (``distances.Distances``, ``stack.Stack``); None: stored features
+    reader: object = None
 
     def __len__(self) -> int:
         return self.rows
@@ -140,12 +143,16 @@ def open_store(target, mode: str = "r", storage_options: dict | None = None, _wr
     attrs = group.attrs.asdict()
     committed = None if _writing else _committed_rows(attrs, path)
     kind = _content_kind(attrs, path)
-    if kind != "features":
-        from .distances import open_distance_sets
+    query, gallery = OPENERS[kind](group, path, committed, kind)
+    default_metric = attrs.get("default_metric", "euclidean") if kind == "features" else kind
+    if kind == "features" and default_metric not in METRICS:
+        raise StoreError(f"'{path}': default_metric {default_metric!r} is not one of {', '.join(METRICS)}")
+    return Store(path=path, query=query, gallery=gallery, default_metric=default_metric, uid=attrs.get(UID_ATTR),
+                 kind=kind, cameras=attrs.get(CAMERAS_ATTR) is not False, reader_lock=lock)
 
-        query, gallery = open_distance_sets(group, path, committed)
-        return Store(path=path, query=query, gallery=gallery, default_metric=kind, uid=attrs.get(UID_ATTR), kind=kind,
-                     cameras=attrs.get(CAMERAS_ATTR) is not False, reader_lock=lock)
+
+def _open_feature_sets(group: zarr.Group, path: str, committed: int | None, kind: str) -> tuple:
+    """(query, gallery) FeatureSets of a feature store, every structural fact checked."""
     query = _open_set(group, path, "query", None)
     gallery = _open_set(group, path, "gallery", committed)
     if query.dim != gallery.dim:
@@ -154,11 +161,12 @@ def open_store(target, mode: str = "r", storage_options: dict | None = None, _wr
         )
     for fs in (query, gallery):
         check_safeguards(fs, path)
-    default_metric = attrs.get("default_metric", "euclidean")
-    if default_metric not in METRICS:
-        raise StoreError(f"'{path}': default_metric {default_metric!r} is not one of {', '.join(METRICS)}")
-    return Store(path=path, query=query, gallery=gallery, default_metric=default_metric, uid=attrs.get(UID_ATTR),
-                 cameras=attrs.get(CAMERAS_ATTR) is not False, reader_lock=lock)
+    return query, gallery
+
+
+# a store's kind (``_content_kind``) -> what opens its sets: (group, path, committed rows, kind) ->
+# (query, gallery); the kinds of other modules register there (``distances``)
+OPENERS = {"features": _open_feature_sets}
 
 
 def open_group(target, mode: str = "r", storage_options: dict | None = None) -> zarr.Group:

@@ -152,16 +152,12 @@ def read_ids(fs: FeatureSet, start: int = 0, stop: int | None = None) -> tuple[n
 def validate_values(store: Store) -> None:
     """Scan every chunk of both sets and raise StoreError on the first damaged or missing chunk,
     non-finite feature or reserved id."""
-    from .distances import read_distances
-
     for fs in (store.query, store.gallery):
         for start in range(0, len(fs), fs.chunk_rows):
             stop = min(start + fs.chunk_rows, len(fs))
             read_rows(fs, slice(start, stop), np.float32)
-            if fs.distances is not None:  # one chunk at a time
-                step = fs.distances.chunks[0]
-                for first in range(0, fs.distances.shape[0], step):
-                    read_distances(store.kind, fs.distances, fs.name, slice(first, first + step), start, stop)
+            if fs.reader is not None:
+                fs.reader.validate(fs, start, stop)
 
 
 
@@ -175,10 +171,8 @@ def rows_fingerprint(fs: FeatureSet, rows: int) -> str:
     of that chunk).  So appending rows leaves the fingerprint of the old rows as it was, and
     rewriting any of them changes it.  A missing chunk file raises StoreError.
     """
-    if fs.period:
-        from .stack import stack_fingerprint
-
-        return stack_fingerprint(fs)
+    if fs.reader is not None:  # a stack of sets (distance stores are never fingerprinted: they are not updated)
+        return fs.reader.fingerprint(fs, rows)
     if not 0 <= rows <= len(fs):
         raise StoreError(f"cannot fingerprint {rows:,} {fs.name} rows: the set has {len(fs):,}")
     digest = hashlib.blake2b(digest_size=16)

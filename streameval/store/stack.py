@@ -1,4 +1,4 @@
-"""Several feature variants of one set read as a single set (PROTOCOLS.md 4.5).
+"""Several feature variants of one set read as a single set (docs/suites.md#execution-one-pass-per-gallery-variant).
 
 A suite scores every query variant paired with one gallery variant in one pass over that gallery:
 the variants, each over the same n rows, are stacked into one query set of k x n rows.  Row i of the
@@ -11,10 +11,12 @@ splits back into one state per variant.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import numpy as np
 
 from .layout import FeatureSet
+from .reading import read_field, rows_fingerprint
 
 
 class StackedField:
@@ -30,8 +32,6 @@ class StackedField:
         self.oindex = self
 
     def __getitem__(self, key) -> np.ndarray:
-        from .reading import read_field
-
         rows = key[0] if isinstance(key, tuple) else key
         index = np.arange(*rows.indices(self.shape[0])) if isinstance(rows, slice) else np.asarray(rows, np.int64)
         out = np.empty((index.shape[0],) + self.shape[1:], dtype=self.dtype)
@@ -45,19 +45,23 @@ class StackedField:
         return out
 
 
+@dataclass(frozen=True)
+class Stack:
+    """How a stack of sets is fingerprinted (``FeatureSet.reader``): its pieces' fingerprints, in order."""
+
+    sets: tuple
+
+    def fingerprint(self, fs: FeatureSet, rows: int) -> str:
+        digest = hashlib.blake2b(digest_size=16)
+        for piece in self.sets:
+            digest.update(rows_fingerprint(piece, len(piece)).encode())
+        return digest.hexdigest()
+
+
 def stack_sets(sets: list[FeatureSet], name: str) -> FeatureSet:
     """The sets (variants of one set: equal rows, shared ids) as one set of len(sets) x rows rows."""
     sets = tuple(sets)
     rows = len(sets[0])
     fields = {field: StackedField(sets, field) for field in ("features", "pids", "camids")}
-    return FeatureSet(name, fields["features"], fields["pids"], fields["camids"], rows * len(sets), period=rows)
-
-
-def stack_fingerprint(fs: FeatureSet) -> str:
-    """A stacked set's fingerprint: its pieces' (``rows_fingerprint``), in order."""
-    from .reading import rows_fingerprint
-
-    digest = hashlib.blake2b(digest_size=16)
-    for piece in fs.features.sets:
-        digest.update(rows_fingerprint(piece, len(piece)).encode())
-    return digest.hexdigest()
+    return FeatureSet(name, fields["features"], fields["pids"], fields["camids"], rows * len(sets), period=rows,
+                      reader=Stack(sets))

@@ -1,4 +1,4 @@
-"""Feature variants: named query or gallery feature arrays over a set's rows (PROTOCOLS.md 4.1), e.g.
+"""Feature variants: named query or gallery feature arrays over a set's rows (docs/variants.md), e.g.
 the same images corrupted (CIL-ReID) and their features extracted again.
 
 Layout, beside the clean set (docs/variants.md)::
@@ -245,7 +245,7 @@ class VariantRows:
                 row = start + int(np.flatnonzero(np.asarray(block[key]) != clean[key])[0])
                 raise StoreError(f"{self.where}: {key} differ from the clean set's, first at row {row} "
                                  f"({block[key][row - start]} vs {clean[key][row - start]}); a variant holds the "
-                                 "clean set's rows in the same order (PROTOCOLS.md 4.6)")
+                                 "clean set's rows in the same order (docs/variants.md#layout)")
 
     def blocks(self, step: int, dtype=None, with_ids: bool = False):
         """{"features": rows, column: values, ...} per block of ``step`` rows, features cast to

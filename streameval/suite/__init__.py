@@ -1,1 +1,1 @@
-"""Feature-variant suites (PROTOCOLS.md section 4): plans of (query variant, gallery variant) evaluations, run grouped by gallery variant."""
+"""Feature-variant suites (docs/suites.md): plans of (query variant, gallery variant) evaluations, run grouped by gallery variant."""

@@ -1,4 +1,4 @@
-"""A suite's plan (PROTOCOLS.md 4.2): which (query variant, gallery variant) evaluations, under
+"""A suite's plan (docs/suites.md#settings-and-evaluations): which (query variant, gallery variant) evaluations, under
 which protocol and options, from a preset (``cil-upstream``, ``cil-factorial``) or a .toml / .json
 suite file; grouped by gallery variant for the run (4.5)."""
 

@@ -1,4 +1,4 @@
-"""A suite result (PROTOCOLS.md section 4.3) as people read it: the table shaped like the CIL-ReID
+"""A suite result (docs/suites.md#the-result-json) as people read it: the table shaped like the CIL-ReID
 paper's (one row per setting, "mean (std)" x 100), every evaluation in upstream's column order, the
 per-corruption breakdown, and the lines the command prints.
 
@@ -102,7 +102,7 @@ def per_evaluation_table(suite: dict, fmt: str = "table", columns=None) -> str:
 
 
 def breakdown_table(suite: dict, fmt: str = "table", columns=None) -> str:
-    """The per-corruption breakdown (PROTOCOLS.md section 4.4): per side (query) and grouping (by
+    """The per-corruption breakdown (docs/suites.md#per-corruption-breakdown): per side (query) and grouping (by
     type, ...) one row per corruption with its query count n and the metrics of ``columns`` x 100.
     OptionError when the suite result has none."""
     _check_format(fmt)

@@ -1,4 +1,5 @@
-"""Running a suite (PROTOCOLS.md 4.5): one pass per gallery variant, and its update.
+"""Running a suite (docs/suites.md#execution-one-pass-per-gallery-variant): one pass per gallery
+variant, and its update.
 
 For each gallery variant, every query variant paired with it is stacked into one query set
 (``store.stack``): each gallery chunk of that variant is read once per query block and scored

@@ -1,4 +1,4 @@
-"""A suite's saved state, for incremental updates (PROTOCOLS.md 4.5: appends go to every gallery
+"""A suite's saved state, for incremental updates (docs/suites.md#execution-one-pass-per-gallery-variant: appends go to every gallery
 variant; a suite's saved state updates like any state).
 
 Layout: ``DIR/suite.json`` (the suite's record: plan, options, evaluations) and one ordinary state

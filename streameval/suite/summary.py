@@ -1,4 +1,4 @@
-"""A suite's report section (PROTOCOLS.md 4.3-4.4): each evaluation's headline values, per setting
+"""A suite's report section (docs/suites.md#the-result-json, #per-corruption-breakdown): each evaluation's headline values, per setting
 the per-trial values with their spread (``spread.spread``: mean, std with ``std_ddof``, sem, min, max), the headline setting, and the
 query-side breakdown by corruption type."""
 
@@ -85,7 +85,7 @@ def _corruption_names(columns: list[dict], types: np.ndarray) -> dict | None:
 
 
 def suite_section(suite: Suite, results: list, execution: dict, columns: dict, per_query: bool = False) -> dict:
-    """The JSON ``suite`` section (PROTOCOLS.md 4.3; docs/suites.md)."""
+    """The JSON ``suite`` section (docs/suites.md#the-result-json; docs/suites.md)."""
     values = [values_of(r) for r in results]
     names = list(values[0])
     settings = setting_summaries(suite, values, names)
