@@ -18,7 +18,7 @@ from .errors import OptionError, StoreError, StreamevalError
 _LAZY = {  # public name -> module that defines it
     "evaluate": "evaluate", "update": "incremental", "Result": "metrics", "open_store": "store",
     "create_store": "store", "write_store": "store", "append_gallery": "store", "validate_values": "store",
-    "write_distance_store": "store.distances", "run_suite": "suite.run", "update_suite": "suite.state",
+    "write_distance_store": "store.distances", "run_suite": "suite.run", "update_suite": "suite.run",
     "load_suite": "suite.plan", "write_variant": "store.variants", "variant_names": "store.variants",
 }
 

@@ -915,7 +915,7 @@ def suite_update_cmd(store, state, json_path, per_query, quiet, summary_format, 
     """Score only the gallery rows appended to every gallery variant of STORE since the suite's
     --state was saved, and report the suite (equal to a full 'streameval suite')."""
     _check_suite_outputs(json_path, plot_path, overwrite)
-    from .suite.state import update_suite
+    from .suite.run import update_suite
 
     result = update_suite(store, state, progress=not quiet, **options)
     _finish_suite(result, json_path, per_query, quiet, summary_format, per_evaluation, by_severity, plot_path)

@@ -30,21 +30,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 from dask import delayed
 
 from . import graph
-from .evaluate import Runner, as_store, gallery_metadata, make_result, session
-from .settings import PROTOCOL_OPTIONS, Execution, Settings
-from .openset import OPEN_SET_OPTIONS
-from .openset import request as open_set_request
 from .locking import writing
+from .pipeline import FEATURE_OPTIONS, as_store, feature_requests, run_passes
 from .progress import Phases
-from .ranked import RANKED_OPTIONS, request
-from .features.verification.report import report as verification_report
-from .features.verification.spec import VERIFY_OPTIONS
-from .features.verification.spec import request as verification_request
+from .session import Runner, session
+from .settings import PROTOCOL_OPTIONS, Execution, Settings
 from .state import Positives, QueryState
 from .statestore import check_matches, check_updatable, load_state, save_state
 from .statistics import StatState
@@ -88,51 +84,40 @@ def update(
     """
     phases = Phases()
     overrides = {key: options.pop(key) for key in PROTOCOL_OPTIONS if key in options}
-    ranked_options = {key: options.pop(key) for key in RANKED_OPTIONS if key in options}
-    open_set_options = {key: options.pop(key) for key in OPEN_SET_OPTIONS if key in options}
-    verification_options = {key: options.pop(key) for key in VERIFY_OPTIONS if key in options}
+    features = {key: options.pop(key) for key in FEATURE_OPTIONS if key in options}
     execution = Execution.from_options("update", options)
     store = as_store(data, storage_options)
     phases.lap("setup")
     with writing(state):  # from loading to saving: two updates of one state would each save over the other
         saved = load_state(state)
         phases.lap("loading state")
-        ranked, selection = request(ranked_options, saved.options.get("ranked"))
+        requests, selection = feature_requests(features, saved.options)  # open_set=False: refused below
         if selection is not None:
             selection.check(len(store.query))
         given = dict(metric=metric, protocol=protocol, max_rank=max_rank, precision=precision, no_gom=no_gom,
-                     gom_norm=gom_norm, gom_bins=gom_bins, gom_b=gom_b, gom_vp=gom_vp, std_ddof=std_ddof, ranked=ranked)
-        open_set = open_set_request(open_set_options, saved.options.get("open_set"))  # open_set=False: refused below
-        verification = verification_request(verification_options, saved.options.get("verification"))
+                     gom_norm=gom_norm, gom_bins=gom_bins, gom_b=gom_b, gom_vp=gom_vp, std_ddof=std_ddof)
         settings = Settings.parse(store, **{**saved.options, **{k: v for k, v in given.items() if v is not None},
-                                            "open_set": open_set, "verification": verification}, **overrides)
+                                            **requests}, **overrides)
         check_updatable(settings)
         query_hash = check_matches(saved, store, settings)
-        meta = gallery_metadata(store, settings)  # Metadata(): updatable protocols draw nothing
         with session(store, settings, execution, phases, label="streameval update") as runner:
-            new, facts, read, pairs = advance(store, settings, runner, saved.query_state, meta)
-            verified = verification_report(store, settings, new, runner, meta)
-        if facts["rows_added"]:
-            save_state(state, store, settings, new, query_hash)
+            passes = run_passes(store, settings, runner, partial(advance, saved=saved.query_state), place=False)
+        if passes.facts["rows_added"]:
+            save_state(state, store, settings, passes.state, query_hash)
             phases.lap("saving state")
-        return make_result(store, settings, new, runner, read, pairs, meta, selection, verification=verified,
-                           update=facts)
+        return passes.result(store, runner, selection)
 
 
-def advance(store: Store, settings: Settings, runner: Runner, saved: QueryState, meta: graph.Metadata):
-    """(state, facts, bytes read, pairs scored): the ``saved`` state over every row of the store's
-    extended gallery, scored on ``runner`` (its plan the store's); as saved when nothing was added."""
+def advance(store: Store, settings: Settings, runner: Runner, saved: QueryState):
+    """(state, bytes read, pairs scored, facts about the update): the ``saved`` state over every row
+    of the store's extended gallery, scored on ``runner`` (its plan the store's); as saved when
+    nothing was added."""
     parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
+    meta = runner.meta
     # the saved counts under this run's statistics (the same fields: check_matches compared the options)
     old = replace(saved, stats=StatState(settings.statistics(meta, store.dim), saved.stats.arrays))
     if graph.extended_rows(parts) == old.gallery_rows:
-        return old, _facts(old, old, np.empty(0), np.empty(0)), 0, 0
-    return extend(store, settings, runner, old, parts, meta)
-
-
-def extend(store: Store, settings: Settings, runner: Runner, old: QueryState, parts: tuple, meta: graph.Metadata):
-    """(state over every row of the extended gallery ``parts``, facts about the update, bytes read,
-    pairs scored)."""
+        return old, 0, 0, _facts(old, old, np.empty(0), np.empty(0))
     scoring = settings.scoring(store.dim, meta)
     plan, n0, n1 = runner.plan, old.gallery_rows, graph.extended_rows(parts)
     blocks = graph.positives_pass(store.query, parts, plan, scoring, meta, start=n0)
@@ -167,7 +152,7 @@ def extend(store: Store, settings: Settings, runner: Runner, old: QueryState, pa
     base = StatState.scatter(scoring.statistics, merged.offsets, pieces)
     new = QueryState(merged, StatState.merge(base, StatState.concat(new_rows)), dist_range, n1)
     read = _bytes_read(store, settings, plan, parts, found, old_rows, n0, n1, rescored.size)
-    return new, _facts(old, new, affected, rescored), read, len(store.query) * (n1 - n0) + rescored.size * n0
+    return new, read, len(store.query) * (n1 - n0) + rescored.size * n0, _facts(old, new, affected, rescored)
 
 
 def _with_globals(state: StatState, keep: bool) -> StatState:

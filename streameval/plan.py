@@ -3,8 +3,9 @@
 One task scores a block of ``query_block`` queries against ``gallery_chunk`` gallery rows.  Its
 working memory is dominated by the dot-product block (query_block x gallery_chunk) and the gallery
 rows it reads (stored dtype plus the upcast copy).  ``workers`` tasks run at once, so each gets a
-``budget / (2 * workers)`` share (the other half covers the query block, positives, states and the
-interpreter).  Nothing here depends on the gallery length except the number of tasks.
+``budget / (2 * workers)`` share (the other half covers the statistics' states, which
+``session.check_memory`` adds to the tasks' memory against the same budget, the query block,
+positives and the interpreter).  Nothing here depends on the gallery length except the number of tasks.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Plan:
     query_block: int
     gallery_chunk: int
     workers: int
+    task_bytes: int = 0  # a task's working memory: its dot-product block and the gallery rows it reads
 
     def query_ranges(self, n_query: int):
         return _ranges(n_query, self.query_block)
@@ -103,21 +105,20 @@ def make_plan(
         fit = max(MIN_GALLERY_CHUNK, share // (query_block * itemsize + row_bytes))
         balanced = math.ceil(n_gallery / (TASKS_PER_WORKER * workers))
         gallery_chunk = _align(max(MIN_GALLERY_CHUNK, min(fit, balanced)), store_chunk_rows)
-    plan = Plan(query_block=int(min(query_block, n_query)), gallery_chunk=int(min(gallery_chunk, n_gallery)),
-                workers=workers)
-    _check_task_memory(plan, itemsize, row_bytes)
+    query_block, gallery_chunk = int(min(query_block, n_query)), int(min(gallery_chunk, n_gallery))
+    plan = Plan(query_block, gallery_chunk, workers, query_block * gallery_chunk * itemsize + gallery_chunk * row_bytes)
+    _check_task_memory(plan)
     return plan
 
 
-def _check_task_memory(plan: Plan, itemsize: int, row_bytes: int) -> None:
+def _check_task_memory(plan: Plan) -> None:
     """Refuse a task whose dot-product block and gallery rows exceed this machine's memory: it would
     swap or be killed after minutes instead of failing now."""
-    task = plan.query_block * plan.gallery_chunk * itemsize + plan.gallery_chunk * row_bytes
     memory = physical_memory()
-    if memory is not None and task > memory:
+    if memory is not None and plan.task_bytes > memory:
         raise OptionError(
             f"a task of {plan.query_block:,} queries x {plan.gallery_chunk:,} gallery rows needs about "
-            f"{format_bytes(task)}, more than this machine's memory ({format_bytes(memory)}): give a smaller "
+            f"{format_bytes(plan.task_bytes)}, more than this machine's memory ({format_bytes(memory)}): give a smaller "
             "--query-block / --gallery-chunk or --memory-budget"
         )
 
@@ -136,19 +137,6 @@ def minimum_budget(n_query: int, dim: int, itemsize: int, stored_itemsize: int, 
     as ``make_plan`` shares it."""
     per_worker = MIN_GALLERY_CHUNK * (dim * (itemsize + stored_itemsize) + min(n_query, MIN_QUERY_BLOCK) * itemsize)
     return 2 * workers * per_worker
-
-
-def check_state_memory(n_query: int, hist_columns: int, workers: int, memory_budget: int, option: str) -> None:
-    """Refuse per-query GOM state that cannot fit the budget: a histogram row per query in each of
-    the ``workers`` chains plus the reduced one, and the four per-query curves of the report."""
-    per_column = n_query * 8 * (workers + 1 + 4)
-    if hist_columns * per_column > memory_budget:
-        fits = max(0, memory_budget // per_column - 2)
-        raise OptionError(
-            f"{option} needs about {format_bytes(hist_columns * per_column)} of per-query GOM state for {n_query:,} "
-            f"queries, more than the memory budget of {format_bytes(memory_budget)}: use at most {fits:,} bins "
-            "or raise --memory-budget"
-        )
 
 
 def format_bytes(n: int) -> str:

@@ -29,7 +29,6 @@ import numpy as np
 from . import outputs
 from .choices import check_range, is_integer, record_values
 from .errors import OptionError
-from .plan import format_bytes
 
 RANKED_OPTIONS = ("ranked_list", "trial", "with_junk", "with_positives", "queries", "sort_by")
 SPEC_KEYS = {"ranked_list": "k", "trial": "trial", "with_junk": "with_junk"}  # keyword -> Spec field
@@ -71,16 +70,6 @@ class Spec:
         from .statistics.topk import TopK
 
         return TopK(self.k, self.trial, self.with_junk)
-
-    def check_memory(self, n_query: int, workers: int, memory_budget: int) -> None:
-        """Refuse lists that cannot fit the budget: each worker's chain and the reduced state hold
-        16 bytes per key, and the records are built from a few copies."""
-        lists = 2 if self.with_junk else 1
-        needed = n_query * self.k * lists * 16 * (workers + 4)
-        if needed > memory_budget:
-            raise OptionError(f"--ranked-list {self.k} needs about {format_bytes(needed)} for {n_query:,} queries, "
-                              f"more than the memory budget of {format_bytes(memory_budget)}: ask for a smaller K "
-                              "or raise --memory-budget")
 
 
 @dataclass(frozen=True)

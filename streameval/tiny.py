@@ -1,5 +1,5 @@
 """A tiny problem shaped like a real store, which a run evaluates first to compile its kernels
-(``evaluate.rehearse``; ``streameval warmup`` evaluates one too): the same stored dtype, dimension
+(``session.rehearse``; ``streameval warmup`` evaluates one too): the same stored dtype, dimension
 and kind of store, ids that give every kind of row the protocol knows."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ numba compiles a kernel for each combination of argument types it is called with
 precision, the statistics an evaluation counts, their options), the first time it meets it; the
 result goes to numba's on-disk cache (``kernels._versioned_cache``), from which later processes
 load it in milliseconds.  A first run would compile in the middle of its passes, its progress bar
-standing still.  Instead ``evaluate.rehearse`` first evaluates a tiny in-memory problem shaped like
+standing still.  Instead ``session.rehearse`` first evaluates a tiny in-memory problem shaped like
 the real one (``tiny.tiny_store``) with the run's own settings: every specialisation the real passes
 call is compiled or loaded there, which the run books as its phase "compiling kernels".  Nothing
 here names a kernel or a signature: the rehearsal runs the same code as the real run.
@@ -12,7 +12,7 @@ here names a kernel or a signature: the rehearsal runs the same code as the real
 Routes chosen by size (verification's tail, a pilot's windows or the histogram's; see
 ``features.verification``)
 follow the settings, which carry the real run's sizes, but a route that depends on the data may
-still compile later: the runner books that too (``evaluate.Runner``).
+still compile later: the runner books that too (``session.Runner``).
 
 ``warm_up`` (``streameval warmup``) evaluates a tiny problem with each of a few option sets
 (``COMMON_RUNS`` by default), so that after an install even the first evaluation loads its kernels

@@ -200,6 +200,45 @@ def test_gom_state_larger_than_the_budget_is_refused_with_the_bins_that_fit(stor
     assert "use at most" in line and "--gom-bins 50000" in line
 
 
+def test_the_bins_a_refusal_names_fit_the_budget_and_one_more_does_not(store):
+    line = one_error_line(cli("eval", store, "-q", "--gom-bins", "50000", "--memory-budget", "20MiB", code=2))
+    fits = int(line.split("use at most ")[1].split(" bins")[0].replace(",", ""))
+    cli("eval", store, "-q", "--gom-bins", fits, "--memory-budget", "20MiB")
+    one_error_line(cli("eval", store, "-q", "--gom-bins", fits + 1, "--memory-budget", "20MiB", code=2))
+
+
+def test_tasks_given_past_the_budget_are_refused_before_work(store):
+    """--query-block and --gallery-chunk given: their tasks count in --memory-budget as planned ones do."""
+    line = one_error_line(cli("eval", store, "-q", "--no-gom", "--query-block", "30", "--gallery-chunk", "300",
+                              "--memory-budget", "20kB", code=2))
+    assert "more than the memory budget of 19.5 KiB" in line and "2 task(s) of 30 queries x 300 gallery rows" in line
+    assert line.endswith("give a smaller --query-block / --gallery-chunk or raise --memory-budget")
+
+
+def test_the_memory_account_counts_every_declared_field_in_each_state_the_graph_holds(store):
+    """Tasks, then every Field (dtype x shape per row): a query-axis field for every query (the
+    finished blocks) and for two query blocks per worker (a chain's state and its task's copy); a
+    global field once per query block and twice per worker."""
+    from streameval.errors import OptionError
+    from streameval.plan import Plan
+    from streameval.session import check_memory
+    from streameval.statistics import Field, Statistic
+
+    class Held(Statistic):
+        name = "held"
+        fields = {"rows": Field("query", np.int64, (3,)), "pool": Field("global", np.float64, (5, 4))}
+
+    class Asked:  # the settings, as far as the account reads them
+        statistics = staticmethod(lambda meta, dim: (Held(),))
+
+    opened = streameval.open_store(store)  # 30 queries: 3 blocks of 10
+    plan = Plan(query_block=10, gallery_chunk=100, workers=2, task_bytes=1000)
+    needed = 2 * 1000 + 8 * 3 * (30 + 2 * 2 * 10) + 8 * 5 * 4 * (3 + 2 * 2)
+    check_memory(opened, Asked, plan, needed, None)
+    with pytest.raises(OptionError, match=r"the held statistic \(rows, pool\): raise --memory-budget$"):
+        check_memory(opened, Asked, plan, needed - 1, None)
+
+
 # ---------------------------------------------------------------------------------------- API edges
 
 
@@ -363,15 +402,13 @@ def test_every_size_option_reads_the_same_units(store, monkeypatch):
 
     import distributed
 
-    from streameval.features.verification import spec as verification
-
-    engine = importlib.import_module("streameval.evaluate")  # the module: the package exports the function
+    engine = importlib.import_module("streameval.session")  # the module that plans the run and checks its memory
 
     seen = {}
-    planned, checked = engine.make_plan, verification.check_memory
+    planned, checked = engine.make_plan, engine.check_memory
     monkeypatch.setattr(engine, "make_plan", lambda *args: seen.setdefault("budget", args[7]) and planned(*args))
-    monkeypatch.setattr(verification, "check_memory",
-                        lambda spec, *args: seen.setdefault("tail", spec.tail_budget) and checked(spec, *args))
+    monkeypatch.setattr(engine, "check_memory", lambda store, settings, *args: seen.setdefault(
+        "tail", settings.verification.tail_budget) and checked(store, settings, *args))
     for budget, tail in (("4GB", "3kB"), ("4GiB", "3KiB")):
         seen.clear()
         cli("eval", store, "-q", "--no-gom", "--verification", "--memory-budget", budget, "--tail-budget", tail)

@@ -32,7 +32,7 @@ from streameval import kernels, progress, tiny, warmup
 from streameval.progress import COMPILING, Bar, Reporter
 from streameval.protocols import resolve
 
-pipeline = importlib.import_module("streameval.evaluate")  # the module (streameval.evaluate is also the function)
+pipeline = importlib.import_module("streameval.session")  # the module of the rehearsal
 
 
 def fresh_process(args: list, cache: Path) -> subprocess.CompletedProcess:
@@ -49,7 +49,7 @@ EVALUATION = """
     import importlib
     from streameval import report, warmup
 
-    pipeline = importlib.import_module("streameval.evaluate")
+    pipeline = importlib.import_module("streameval.session")
     rehearsing, compiled_outside = [False], []
     rehearse = pipeline.rehearse
 
@@ -192,7 +192,7 @@ def test_what_numba_compiles_during_the_passes_is_booked_as_compiling_not_as_pas
     import numba
     from dask import delayed
 
-    from streameval.evaluate import Runner
+    from streameval.session import Runner
     from streameval.plan import Plan
     from streameval.progress import Phases
 

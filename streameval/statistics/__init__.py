@@ -47,6 +47,9 @@ class Statistic:
 
     name = ""
     fields: dict = {}
+    # (flag, value, unit, bytes one unit adds per row, the rows' axis): the option that sizes the
+    # state, named by the memory account (``session.check_memory``) with the most that fits; () for none
+    option: tuple = ()
     # Whether ``update`` reads the block's filled float64 distances (``Block.dist``); the others take
     # them from the dot products where they need them (``block`` module docstring), and a pass
     # fills the block only for a statistic that reads it.

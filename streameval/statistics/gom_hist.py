@@ -136,6 +136,7 @@ class GomHist(Statistic):
             "range_high": Field("query", np.float64, (rows,), -np.inf, "max"),
         }
         self.bins, self.fixed, self.c_bins = bins, fixed, c_bins
+        self.option = ("--gom-bins", bins, "bins", 8 * n_trials, "query")  # a histogram column per trial
 
     def update(self, blk, rows: slice, state: dict, aux, run) -> None:
         clipped = state["clipped"] if self.fixed else np.empty((0, 3), np.int64)

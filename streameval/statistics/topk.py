@@ -200,6 +200,7 @@ class TopK(Statistic):
         self.k, self.trial = k, trial
         lists = ("kept", "excluded") if with_junk else ("kept",)
         self.fields = {name: Field("query", np.float64, (k, 2), np.inf, "own") for name in lists}
+        self.option = ("--ranked-list", k, "entries per list", 16 * len(lists), "query")
 
     def update(self, blk, rows: slice, state: dict, aux, run) -> None:
         bounds = np.empty(self.k)

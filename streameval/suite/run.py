@@ -1,4 +1,5 @@
-"""Running a suite (docs/suites.md#execution-one-pass-per-gallery-variant): one pass per gallery variant.
+"""Running a suite (docs/suites.md#execution-one-pass-per-gallery-variant): one pass per gallery
+variant, and its update.
 
 For each gallery variant, every query variant paired with it is stacked into one query set
 (``store.stack``): each gallery chunk of that variant is read once per query block and scored
@@ -6,24 +7,31 @@ against all of them, each stacked row with its own per-query state.  The pass's 
 back by variant, and each evaluation is finalised exactly as ``evaluate`` finalises its own run,
 so its numbers are those of a separate ``eval`` of the pair.  The positives pre-pass runs per
 stacked row (per evaluation); the protocol's metadata (trial draws, sgs identities) is built once,
-from the clean rows, whose ids every variant shares.
+from the clean rows, whose ids every variant shares.  ``update_suite`` extends each group's saved
+state (``state``) by the appended rows exactly as ``streameval update`` extends one state
+(``incremental.advance``), then finalises every evaluation.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 
 from .. import graph
 from ..errors import OptionError
-from ..evaluate import as_store, full_state, gallery_metadata, make_result, oriented, run_plan, session, store_set
+from ..incremental import advance
 from ..locking import writing
+from ..pipeline import as_store, feature_requests, gallery_metadata, make_result, oriented, run_passes, store_set
 from ..progress import Phases
+from ..session import run_plan, session
 from ..settings import Execution, Settings
 from ..state import QueryState
+from ..statestore import check_matches, load_state
 from ..store import Store
 from .plan import Suite
+from .state import check_state_target, finish_state, group_folder, load_suite_record, save_group
 from .summary import suite_section
 
 
@@ -56,42 +64,60 @@ def run_suite(data, suite: Suite | str, *, storage_options: dict | None = None, 
     execution = Execution.from_options("run_suite", options)
     store = as_store(data, storage_options)
     settings = suite_settings(store, suite)
-    base = oriented(store, settings.protocol)
-    groups = open_groups(store, settings, suite)
     with writing(state):  # the suite state's writer lock, from its check to its record (none without a state)
         if state is not None:
-            from .state import check_state_target
-
             check_state_target(state, overwrite_state, settings)
-        meta = gallery_metadata(base, settings)  # from the clean rows: the variants share their ids
-        by_pair, passes = {}, 0
-        views = [stacked_view(base, gallery, queries) for gallery, queries in groups]
-        with session(views[0], settings, execution, phases, label="streameval suite") as runner:
-            plans = [run_plan(view, settings, execution, runner.plan.workers) for view in views]
-            announce(runner, views, plans)
-            for (gallery, queries), view, plan in zip(groups, views, plans):
-                runner.plan = plan
-                query_state, read, _ = full_state(view, settings, runner, meta)
-                passes += len(runner.plan.query_ranges(len(view.query)))
-                by_pair.update(split_results(base, settings, runner, gallery, queries, query_state, read, meta))
-                if state is not None:
-                    from .state import save_group
-
-                    save_group(state, view, settings, query_state, gallery[0])
+        by_pair, passes, _ = run_groups(store, settings, suite, execution, phases, state)
         if state is not None:
-            from .state import finish_state
-
             finish_state(state, suite)
             phases.lap("saving state")
         return suite_result(store, settings, suite, by_pair, passes, phases)
 
 
-def open_groups(store: Store, settings: Settings, suite: Suite) -> list:
-    """Per gallery variant, in the plan's order: ((its name, FeatureSet), [(query variant name,
-    FeatureSet), ...]); every variant opened, and so checked, before any work."""
-    return [((g, variant_side(store, settings, "gallery", g)), [(q, variant_side(store, settings, "query", q))
-                                                                for q in qs])
-            for g, qs in suite.groups()]
+def update_suite(data, state, *, storage_options: dict | None = None, **options) -> SuiteResult:
+    """Extend the suite state at ``state`` to every committed gallery row of the store ``data``
+    (rows appended to every gallery variant) and return the suite's result, equal to a full
+    ``run_suite``; the keywords are ``evaluate``'s execution keywords."""
+    phases = Phases()
+    execution = Execution.from_options("update_suite", options)
+    store = as_store(data, storage_options)
+    with writing(state):  # from loading to saving: two updates of one state would each save over the other
+        suite = load_suite_record(state)
+        settings = suite_settings(store, suite)
+        by_pair, passes, facts = run_groups(store, settings, suite, execution, phases, state, update=True)
+        result = suite_result(store, settings, suite, by_pair, passes, phases)
+        result.execution["update"] = facts
+        return result
+
+
+def run_groups(store: Store, settings: Settings, suite: Suite, execution: Execution, phases: Phases, state,
+               update: bool = False):
+    """One stacked pass per gallery variant, on one session: ({(query variant, gallery variant):
+    Result}, the gallery passes run, {gallery variant: the update's facts}).  Each group's state is
+    saved in ``state`` (if given); with ``update``, the saved one is extended, and saved again when
+    rows were added."""
+    base = oriented(store, settings.protocol)
+    groups = open_groups(store, settings, suite)
+    views = [stacked_view(base, gallery, queries) for gallery, queries in groups]
+    saved = {g: load_state(group_folder(state, g)) for (g, _), _ in groups} if update else {}
+    by_pair, passes, facts = {}, 0, {}
+    label = "streameval suite update" if update else "streameval suite"
+    # the metadata from the clean rows: the variants share their ids
+    with session(views[0], settings, execution, phases, label, gallery_metadata(base, settings)) as runner:
+        plans = [run_plan(view, settings, execution, runner.plan.workers, runner.meta) for view in views]
+        if not update:  # (an update announces its passes as it learns their work)
+            announce(runner, views, plans)
+        for ((name, gallery), queries), view, plan in zip(groups, views, plans):
+            query_hash = check_matches(saved[name], view, settings) if update else None
+            runner.plan = plan
+            extend = partial(advance, saved=saved[name].query_state) if update else None
+            done = run_passes(view, settings, runner, extend)  # (no bands to place: a suite has no verification)
+            if done.facts is None or done.facts["rows_added"]:
+                passes, facts[name] = passes + len(plan.query_ranges(len(view.query))), done.facts
+                if state is not None:
+                    save_group(state, view, settings, done.state, name, query_hash)
+            by_pair.update(split_results(base, settings, runner, (name, gallery), queries, done.state, done.read))
+    return by_pair, passes, facts
 
 
 def announce(runner, views: list, plans: list) -> None:
@@ -103,15 +129,18 @@ def announce(runner, views: list, plans: list) -> None:
                                                     graph.extended_rows(parts)))
 
 
+def open_groups(store: Store, settings: Settings, suite: Suite) -> list:
+    """Per gallery variant, in the plan's order: ((its name, FeatureSet), [(query variant name,
+    FeatureSet), ...]); every variant opened, and so checked, before any work."""
+    return [((g, variant_side(store, settings, "gallery", g)), [(q, variant_side(store, settings, "query", q))
+                                                                for q in qs])
+            for g, qs in suite.groups()]
+
+
 def suite_settings(store: Store, suite: Suite) -> Settings:
     """The suite's options as Settings, refusing what a stacked pass cannot give per evaluation."""
-    from ..openset import request as open_set_request
-    from ..ranked import request as ranked_request
-    from ..features.verification.spec import request as verification_request
-
-    options = dict(suite.options)  # the requests below take their keywords out of it, as evaluate's do
-    ranked, _ = ranked_request(options)
-    requests = {"ranked": ranked, "open_set": open_set_request(options), "verification": verification_request(options)}
+    options = dict(suite.options)  # the requests take their keywords out of it, as evaluate's do
+    requests, _ = feature_requests(options)
     try:
         settings = Settings.parse(store, **options, **requests)
     except TypeError as exc:  # an option evaluate does not know
@@ -152,19 +181,18 @@ def stacked_view(base: Store, gallery: tuple, queries: list) -> Store:
 
 
 def split_results(base: Store, settings: Settings, runner, gallery: tuple, queries: list, state: QueryState,
-                  read: int, meta) -> dict:
+                  read: int) -> dict:
     """{(query variant, gallery variant): Result} of one stacked pass: each variant's rows of the
     state, finalised as ``evaluate`` does (the pass's bytes shared out evenly)."""
     n = len(queries[0][1])
     out = {}
     for j, (name, query) in enumerate(queries):
         rows = np.arange(j * n, (j + 1) * n)
-        positives = state.positives.take(rows)
-        own = QueryState(positives, state.stats.take(state.positives.offsets, rows), state.dist_range,
-                         state.gallery_rows)
+        own = QueryState(state.positives.take(rows), state.stats.take(state.positives.offsets, rows),
+                         state.dist_range, state.gallery_rows)
         view = replace(base, query=query, gallery=gallery[1])
         out[(name, gallery[0])] = make_result(view, settings, own, runner, read // len(queries),
-                                                      n * state.gallery_rows, meta)
+                                n * state.gallery_rows, runner.meta)
     return out
 
 

@@ -3,8 +3,8 @@ variant; a suite's saved state updates like any state).
 
 Layout: ``DIR/suite.json`` (the suite's record: plan, options, evaluations) and one ordinary state
 per gallery variant, ``DIR/gallery-<variant>/`` (``statestore``), holding the stacked pass's
-per-query state.  ``update_suite`` extends each of them by the appended rows exactly as
-``streameval update`` extends one state (``incremental.extend``), then finalises every evaluation.
+per-query state.  ``update_suite`` (``run.py``) extends each of them by the appended rows exactly as
+``streameval update`` extends one state (``incremental.advance``), then finalises every evaluation.
 Each group's state is replaced atomically; an update interrupted between groups leaves the updated
 ones current, and the next update finds nothing left to add to them.
 """
@@ -14,14 +14,9 @@ from __future__ import annotations
 import json
 import os
 
-from ..statestore import StateError
-from ..evaluate import as_store, gallery_metadata, oriented, run_plan, session
-from ..locking import writing
 from ..outputs import check_directory, check_folder, write_text
-from ..settings import Execution
-from ..progress import Phases
+from ..statestore import StateError
 from .plan import Suite
-from .run import SuiteResult, open_groups, split_results, stacked_view, suite_result, suite_settings
 
 RECORD = "suite.json"
 GROUP_PREFIX = "gallery-"
@@ -71,38 +66,3 @@ def load_suite_record(path) -> Suite:
                          "first") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise StateError(f"the suite state at '{os.fspath(path)}' is damaged ({RECORD}: {exc})") from None
-
-
-def update_suite(data, state, *, storage_options: dict | None = None, **options) -> SuiteResult:
-    """Extend the suite state at ``state`` to every committed gallery row of the store ``data``
-    (rows appended to every gallery variant) and return the suite's result, equal to a full
-    ``run_suite``; the keywords are ``evaluate``'s execution keywords."""
-    from ..incremental import advance
-    from ..statestore import check_matches, load_state
-
-    phases = Phases()
-    execution = Execution.from_options("update_suite", options)
-    store = as_store(data, storage_options)
-    with writing(state):  # from loading to saving: two updates of one state would each save over the other
-        suite = load_suite_record(state)
-        settings = suite_settings(store, suite)
-        base = oriented(store, settings.protocol)
-        meta = gallery_metadata(base, settings)  # from the clean rows: the variants share their ids
-        groups = open_groups(store, settings, suite)
-        saved = {g: load_state(group_folder(state, g)) for (g, _), _ in groups}
-        by_pair, passes, facts = {}, 0, {}
-        with session(stacked_view(base, *groups[0]), settings, execution, phases,
-                     label="streameval suite update") as runner:
-            for gallery, queries in groups:
-                view = stacked_view(base, gallery, queries)
-                query_hash = check_matches(saved[gallery[0]], view, settings)
-                runner.plan = run_plan(view, settings, execution, runner.plan.workers)
-                new, done, _, _ = advance(view, settings, runner, saved[gallery[0]].query_state, meta)
-                if done["rows_added"]:
-                    facts[gallery[0]] = done
-                    passes += len(runner.plan.query_ranges(len(view.query)))
-                    save_group(state, view, settings, new, gallery[0], query_hash)
-                by_pair.update(split_results(base, settings, runner, gallery, queries, new, 0, meta))
-        result = suite_result(store, settings, suite, by_pair, passes, phases)
-        result.execution["update"] = facts
-        return result

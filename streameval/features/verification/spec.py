@@ -19,7 +19,7 @@ from fractions import Fraction
 
 from ...choices import check_range, is_integer
 from ...errors import OptionError
-from ...plan import format_bytes, parse_bytes
+from ...plan import parse_bytes
 from ...rates import k_of, parse_rates
 
 VERIFY_OPTIONS = ("verification", "far", "auc", "tail_budget", "hist_bits")
@@ -127,12 +127,3 @@ def request(options: dict, saved: dict | None = None) -> dict | None:
                               "(verification=True)")
         return None
     return {**(saved or {}), **given}
-
-
-def check_memory(spec: Spec, n_trials: int, workers: int, memory_budget: int) -> None:
-    """Refuse a histogram that cannot fit the budget: each worker's chain and the reduction hold one."""
-    needed = n_trials * 8 * 2**spec.hist_bits * (workers + 2)
-    if needed > memory_budget:
-        raise OptionError(f"--hist-bits {spec.hist_bits} needs about {format_bytes(needed)} of histograms for "
-                          f"{n_trials} trial(s), more than the memory budget of {format_bytes(memory_budget)}: "
-                          "ask for fewer bits or raise --memory-budget")
