@@ -7,9 +7,10 @@ Keys and bins.  ``key(d)`` is the order-preserving uint64 of a float64 distance 
 bits (``--hist-bits``) are d's bin.  With ``exact_bins`` a negative's bin is decided on its fast
 distance d when the whole error window [d - w, d + w] (``kernels.distance_window``) falls in one
 bin (both ends' keys agree), and on its canonical distance otherwise.  Without (float32 GEMMs,
-one-pass selection) the fast distance decides, as for GOM's thresholds (``kernels.bin_error_bound``): with float32 windows
-~0.4% of Market's negatives straddle an edge, and their canonical distances would cost more than
-the rest of verification; the histogram then only shapes the curves.  The AUC's comparisons with
+one-pass selection) the fast distance decides, as for GOM's thresholds
+(``kernels.bin_error_bound``): with float32 windows ~0.4% of Market's negatives straddle an edge,
+and their canonical distances would cost more than the rest of verification; the histogram then
+only shapes the curves.  The AUC's comparisons with
 positive distances are always exact.
 
 The tail (global field ``tail``, one per trial) keeps *entries* (d, w, gallery row, query row): a
@@ -400,8 +401,9 @@ def _offer_row(blk, i, near, found, q, tail, core, bound, windows, first, last, 
     between below, inside and above.  Inside, it counts the pair in its fine bin (the canonical
     distance's key, shifted) and collects it as an exact member (w = 0, into this task's buffer)
     while ``taken`` (counted over the chain) is below the capacity; once it is not, a pair whose
-    whole error window lies in one fine bin is counted there without its canonical distance.  (One loop, no helper: each call
-    of a helper taking the arrays would cost their reference counts, more than the pair's work.)"""
+    whole error window lies in one fine bin is counted there without its canonical distance.  (One
+    loop, no helper: each call of a helper taking the arrays would cost their reference counts, more
+    than the pair's work.)"""
     lows, highs, klows, shifts, capacities = windows[:5]
     cell_bits = cell.view(np.uint64)
     last_bin = np.uint64(fine.shape[1] - 1)

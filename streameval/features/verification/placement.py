@@ -30,8 +30,8 @@ Z = 5.0  # standard errors between a band's edge and the estimate of its target
 SPREAD = 3.0  # assumed spread, between gallery rows, of a row's share of negatives below a target x, over x
 RANGES = 16  # runs of consecutive gallery rows the pilot scores (each one a pass of its own: few)
 MIN_ROWS = 2048  # gallery rows the pilot scores at least
-ONE_PASS_SHARE = 0.15  # the most of the gallery a pilot scores so that every band can collect in one pass
-COUNT_SHARE = 0.01  # else: enough to place ranges whose counts single out a band for a refinement pass
+ONE_PASS_SHARE = 0.15  # the most of the gallery a pilot scores so that every window can collect in one pass
+COUNT_SHARE = 0.01  # else: enough to place windows whose counts place one for one more pass
 REACH = 3.0  # the pilot's tails hold REACH x the largest target's share of each run's negatives
 PILOT_BYTES = 24  # what the pilot holds per pair in its tails: 8 sorted, up to 16 in the tails being filled
 GRID = 1 << 16  # candidate edges, spread evenly over the pilot's pooled distances
@@ -112,8 +112,8 @@ def sample_ranges(rows: int, sample_rows: int) -> list:
 
 def band_edges(sorted_d: tuple, negatives: tuple, limits: tuple, rate: float, z: float = Z):
     """(low, high, F(high) - F(low) + 2 SE, the lowest distance sampled) of the band for target
-    share ``rate``, or None when the pilot cannot place it.  Run c holds ``negatives[c]`` negatives; ``sorted_d[c]``: its sorted
-    fast distances, every one below ``limits[c]`` among them."""
+    share ``rate``, or None when the pilot cannot place it.  Run c holds ``negatives[c]`` negatives;
+    ``sorted_d[c]``: its sorted fast distances, every one below ``limits[c]`` among them."""
     runs = len(sorted_d)
     total = sum(negatives)
     limit = min(limits)

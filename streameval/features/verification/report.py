@@ -1,5 +1,6 @@
-"""Verification's report (docs/verification.md#how-it-is-computed, #in-the-result-json): TAR@FAR, AUC, ROC and DET curves, and the
-passes the exact selection takes (``select``): one loop, place, pass, resolve.
+"""Verification's report (docs/verification.md#how-it-is-computed, #in-the-result-json): TAR@FAR,
+AUC, ROC and DET curves, and the passes the exact selection takes (``select``): one loop, place,
+pass, resolve.
 
 :func:`report` (run while the session is open) resolves each target from its trial's tail when it
 holds the k + 1 smallest negatives, or from the scoring pass's windows (placed by a pilot:

@@ -31,7 +31,8 @@ RECORD_KEYS = ("far", "auc", "tail_budget", "hist_bits", "core")
 LABEL_CONVENTION = (
     "label 1 = positive pair (same identity, kept by the protocol), label 0 = negative pair; a pair is accepted "
     "when its distance is below the threshold; TAR = accepted positive pairs / N+, FAR = accepted negative pairs "
-    "/ N-, over all queries' pairs (docs/verification.md#definitions). fast-reid's roc.py labels them the other way round: its "
+    "/ N-, over all queries' pairs (docs/verification.md#definitions). fast-reid's roc.py labels them the other "
+    "way round: its "
     "'TPR'(t) is 1 - FAR(t) and its 'FPR'(t) is 1 - TAR(t).")
 
 

@@ -88,7 +88,8 @@ class Verify(Statistic):
             self.fields.update(below=Field("global", np.int64, (n,)), taken=Field("global", np.int64, (n,)),
                                fine=Field("global", np.int64, (n, 1 << FINE_BITS)),
                                # (a chain's pieces hold at most the largest capacity per job, and a header each)
-                               members=Field("global", np.float64, (n, max(windows.capacities) + 1, ENTRY), 0.0, "list"))
+                               members=Field("global", np.float64, (n, max(windows.capacities) + 1, ENTRY), 0.0,
+                                             "list"))
 
     def prepare(self, meta, queries, positives):
         return queries.index
