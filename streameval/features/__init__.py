@@ -13,7 +13,7 @@ from .gom import Gom
 from .open_set import OpenSet
 from .ranked import Ranked
 from .sgs import Sgs
-from .verify_feature import Verification
+from .verification import Verification
 
 OPEN_SET, VERIFICATION = OpenSet(), Verification()
 # the order of the scoring pass's statistics, the summary's sections, the options and the saved state's key
