@@ -24,6 +24,7 @@ from . import kernels
 from .choices import check_range
 from .choices import GOM_VP_MODES as VP_MODES
 from .errors import OptionError
+from .ranges import DistanceRange, Normalisation
 
 NORM_MODES = ("minmax", "fixed:LO:HI", "none")
 
@@ -69,35 +70,6 @@ class GomOptions:
     @property
     def tau(self) -> np.ndarray:
         return np.arange(self.bins + 1, dtype=np.float64) * (1.0 / self.bins)
-
-
-@dataclass(frozen=True)
-class Normalisation:
-    """Kernel arguments of d~: mode code, lo and span (= hi - lo)."""
-
-    mode: int
-    lo: float
-    span: float
-
-    @classmethod
-    def identity(cls) -> "Normalisation":
-        return cls(kernels.NORM_NONE, 0.0, 1.0)
-
-    @classmethod
-    def affine(cls, lo: float, hi: float) -> "Normalisation":
-        return cls(kernels.NORM_AFFINE, float(lo), float(hi) - float(lo))
-
-
-@dataclass(frozen=True)
-class DistanceRange:
-    """Global (min, max) distance over all pairs; merge = elementwise min / max."""
-
-    lo: float
-    hi: float
-
-    @staticmethod
-    def merge(a: "DistanceRange", b: "DistanceRange") -> "DistanceRange":
-        return DistanceRange(min(a.lo, b.lo), max(a.hi, b.hi))
 
 
 CURVES = ("rp", "vp", "rep", "fr")

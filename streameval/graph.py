@@ -35,9 +35,9 @@ import numpy as np
 from dask import delayed
 
 from . import kernels, scratch
-from .gom import DistanceRange, GomOptions, Normalisation
 from .metadata import Metadata
 from .plan import Plan
+from .ranges import DistanceRange, normalisations
 from .progress import PAIR_OVERHEAD, RANGE_PAIR_OVERHEAD, pairs_work, read_work, work_key
 from .protocol import Rules, camera_table
 from .state import Positives
@@ -52,13 +52,13 @@ QUERY_SUB_BLOCK = 512  # query rows per GEMM inside a task: 512 x 4096 float32 d
 @dataclass(frozen=True)
 class Scoring:
     """What every task needs to score pairs: working dtype, the source of the distances and their
-    error windows (``sources``), the protocol's rules, GOM options and the statistics the scoring
-    pass counts."""
+    error windows (``sources``), the protocol's rules, the distance scale the statistics read
+    (``ranges.normalisations``; ``minmax`` adds the range pass) and the statistics the scoring pass counts."""
 
     dtype: np.dtype
     source: object  # sources.FeatureSource, StoredSource
     rules: Rules
-    gom: GomOptions | None
+    scale: object  # .norm ("none", "fixed" or "minmax"), .lo, .hi; None: distances as they are
     statistics: tuple
 
     @property
@@ -73,7 +73,7 @@ class Scoring:
 
 @dataclass(frozen=True)
 class PassContext:
-    """What a scoring task's statistics share: per trial GOM normalisations, the metadata, and what
+    """What a scoring task's statistics share: per trial distance normalisations, the metadata, and what
     statistics comparing pairs with every positive of the run take from them (``pooled``)."""
 
     norms: tuple
@@ -280,15 +280,6 @@ def tree_reduce(items: list, merge, fan_in: int = MERGE_FAN_IN):
     return items[0]
 
 
-def normalisations(options: GomOptions | None, dist_ranges, n_trials: int) -> tuple:
-    """d~'s kernel arguments per trial: identity (no GOM, ``none``), fixed LO:HI, or the trial's range."""
-    if options is None or options.norm == "none":
-        return (Normalisation.identity(),) * n_trials
-    if options.norm == "fixed":
-        return (Normalisation.affine(options.lo, options.hi),) * n_trials
-    return tuple(Normalisation.affine(r.lo, r.hi) for r in dist_ranges)
-
-
 def query_blocks(plan: Plan, queries: np.ndarray | None, n_query: int) -> list:
     """Row selections of the query blocks: slices of all queries, or blocks of the listed ones."""
     if queries is None:
@@ -377,11 +368,11 @@ def build(query: FeatureSet, parts: tuple, plan: Plan, scoring: Scoring, meta: M
     """
     blocks = positives_pass(query, parts, plan, scoring, meta)
     sizes = [block_size(rows) for rows in query_blocks(plan, None, len(query))]
-    minmax = scoring.gom is not None and scoring.gom.norm == "minmax"
+    minmax = scoring.scale is not None and scoring.scale.norm == "minmax"
     dist_ranges = first_pass(parts, plan, scoring, meta, blocks, sizes) if minmax else None
     pools = any(getattr(stat, "pools", False) for stat in scoring.statistics)
     everyone = delayed(pooled)(scoring.statistics, *[positives for _, positives in blocks]) if pools else {}
-    run = delayed(PassContext)(delayed(normalisations)(scoring.gom, dist_ranges, scoring.n_trials), meta, everyone)
+    run = delayed(PassContext)(delayed(normalisations)(scoring.scale, dist_ranges, scoring.n_trials), meta, everyone)
     end = extended_rows(parts)
     states = [scoring_pass(parts, plan, scoring, n_queries, queries, positives, run, meta, 0, end)
               for n_queries, (queries, positives) in zip(sizes, blocks)]

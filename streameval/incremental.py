@@ -38,6 +38,7 @@ from dask import delayed
 from . import graph
 from .locking import writing
 from .pipeline import FEATURE_OPTIONS, as_store, feature_requests, run_passes
+from .ranges import normalisations
 from .progress import Phases
 from .session import Runner, session
 from .settings import PROTOCOL_OPTIONS, Execution, Settings
@@ -133,7 +134,7 @@ def advance(store: Store, settings: Settings, runner: Runner, saved: QueryState)
     # a moved range (any trial's) changes every threshold; the AUC compares every negative with every positive
     auc = settings.verification is not None and settings.verification.auc and affected.size > 0
     rescored = everyone if dist_range != old.dist_range or auc else affected
-    run = graph.PassContext(graph.normalisations(settings.gom, dist_range, settings.n_trials), meta,
+    run = graph.PassContext(normalisations(settings.gom, dist_range, settings.n_trials), meta,
                             graph.pooled(scoring.statistics, merged))
 
     def score(queries: np.ndarray, start: int, stop: int, pass_name: str):

@@ -15,6 +15,7 @@ import zarr.storage
 from . import graph, metadata, metrics, openset, ranked
 from .features.verification import placement, report, spec as verification
 from .errors import OptionError
+from .ranges import normalisations
 from .progress import COMPILING, compile_timer
 from .settings import Settings
 from .state import Positives, QueryState
@@ -171,7 +172,7 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner, byt
         q_cam = read_ids(store.query)[1]
         q_bits = meta.q_bits if meta.q_bits is not None else settings.rules.camera_bits(
             q_cam, settings.protocol.query_cameras)
-        norms = graph.normalisations(settings.gom, state.dist_range, settings.n_trials)
+        norms = normalisations(settings.gom, state.dist_range, settings.n_trials)
         found, extras = trials.entries(state, settings, q_bits, q_cam, meta, norms)
         values, block = trials.headline(found, settings.max_rank, settings.std_ddof)
         sections = {"gom": values["gom"], "verification": verification}

@@ -98,7 +98,7 @@ class QueryState:
     """The reduced state of every query over extended gallery rows [0, ``gallery_rows``).
 
     ``stats``: the statistics' counts (``statistics.StatState``); ``dist_range``: per trial, the
-    (min, max) distance of ``minmax`` GOM normalisation (a list of ``gom.DistanceRange``), else None.
+    (min, max) distance of ``minmax`` GOM normalisation (a list of ``ranges.DistanceRange``), else None.
     """
 
     positives: Positives

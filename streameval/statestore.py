@@ -61,7 +61,7 @@ from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from .errors import OptionError, StoreError, one_line
 from .settings import Settings
-from .gom import DistanceRange
+from .ranges import DistanceRange
 from .metadata import Metadata
 from .outputs import check_directory
 from .state import Positives, QueryState

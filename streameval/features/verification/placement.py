@@ -144,10 +144,11 @@ def statistic_blocks(store, settings, meta, plan, stat, pass_name: str) -> tuple
     passes): its Scoring, the gallery parts, its PassContext, and per query block (row selection,
     delayed Rows)."""
     from ... import graph
+    from ...ranges import normalisations
 
     scoring = replace(settings.scoring(store.dim, meta), statistics=(stat,))
     parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
-    run = graph.PassContext(graph.normalisations(None, None, settings.n_trials), meta)
+    run = graph.PassContext(normalisations(None, None, settings.n_trials), meta)
     blocks = [(rows, graph.load_queries(store.query, rows, scoring, meta, pass_name))
               for rows in graph.query_blocks(plan, None, len(store.query))]
     return scoring, parts, run, blocks
