@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark streameval against the bare distance floor and the classic full-matrix evaluator.
 
-These methods are timed side by side on the same synthetic store (``streameval.synth``), for each
+These methods are timed side by side on the same synthetic store (``streameval.tools.synth``), for each
 problem: every ``--size`` at every ``--noise`` (below):
 
   streameval  ``streameval.evaluate(store, metric=...)`` with default options: closed-set metrics and
@@ -13,7 +13,7 @@ problem: every ``--size`` at every ``--noise`` (below):
               verification=True``: DIR@FPIR, TAR@FAR at the default targets), to set against se-closed.
   se-all      the default evaluation (GOM, minmax) plus the same, to set against streameval.
   floor       the bare distance computation over the same blocks: the same chunk plan
-              (``streameval.plan.make_plan`` with evaluate's arguments), each gallery chunk read from
+              (``streameval.engine.plan.make_plan`` with evaluate's arguments), each gallery chunk read from
               the store and upcast, the query-block x gallery-chunk GEMM (numpy, BLAS on all cores)
               plus the norm combination (numpy, in cache-sized tiles, on all cores), the result
               discarded.  No ranking: a lower bound for any exact evaluator that reads the store.
@@ -42,7 +42,7 @@ problem: every ``--size`` at every ``--noise`` (below):
 
 Problems (``--noise``, default ``easy,hard``): each size is synthesised at each noise, synth's
 ``noise`` scaling the per-image noise against the identity signal.  ``easy`` (1) is synth's default
-model (Market size: rank-1 ~95%, mAP ~83%); ``hard`` (``streameval.synth.NOISE_HARD``) a weak one
+model (Market size: rank-1 ~95%, mAP ~83%); ``hard`` (``streameval.tools.synth.NOISE_HARD``) a weak one
 (Market size: mAP ~53%, a query's last positive ~570 rows deep at the median, beyond ~2,600 for a
 tenth of the queries), where the statistics carry many more positives and ranks.  Each problem's
 table opens with how hard it is: mAP, rank-1 and mINP of the first streameval method, and the rank
@@ -174,7 +174,7 @@ def parse_args(argv=None):
     p.add_argument("--cams", type=int, default=6, help="cameras (default: 6)")
     p.add_argument("--noise", default=None, metavar="LIST",
                    help="the problems at each size, by synth's noise (a weaker model for more noise): comma-"
-                        "separated 'easy' (noise 1: Market size at mAP ~83%%), 'hard' (streameval.synth.NOISE_HARD: "
+                        "separated 'easy' (noise 1: Market size at mAP ~83%%), 'hard' (streameval.tools.synth.NOISE_HARD: "
                         "mAP ~53%%, last positives hundreds to thousands of rows deep) or numbers >= 0 "
                         "(default: easy,hard; with --scaling, --protocols or --suite: easy)")
     p.add_argument("--against", metavar="REV", default=None,
@@ -281,7 +281,7 @@ def parse_args(argv=None):
 
 def parse_noises(text: str) -> list[float]:
     """'easy,hard,2.5' -> [1.0, NOISE_HARD, 2.5]: synth's noise of each problem."""
-    from streameval.synth import NOISE_HARD
+    from streameval.tools.synth import NOISE_HARD
 
     named = {"easy": 1.0, "hard": NOISE_HARD}
     noises = []
@@ -298,7 +298,7 @@ def parse_noises(text: str) -> list[float]:
 
 def noise_label(noise: float) -> str:
     """'easy (noise 1)', 'hard (noise 1.4)' or 'noise 2.5'."""
-    from streameval.synth import NOISE_HARD
+    from streameval.tools.synth import NOISE_HARD
 
     name = {1.0: "easy ", NOISE_HARD: "hard "}.get(noise, "")
     return f"{name}(noise {noise:g})" if name else f"noise {noise:g}"
@@ -605,7 +605,7 @@ def run_update(args) -> dict:
 def run_floor(args) -> dict:
     import numpy as np
 
-    from streameval.plan import DEFAULT_MEMORY_BUDGET, make_plan
+    from streameval.engine.plan import DEFAULT_MEMORY_BUDGET, make_plan
     from streameval.store import open_store
 
     dtype = np.dtype("float32")  # evaluate's default precision
@@ -949,7 +949,7 @@ def classic_sysu(store, args, combine):
     computed once and masked to each trial's gallery: (metrics, seconds)."""
     import numpy as np
 
-    from streameval.draws import bits_to_masks, trial_bits
+    from streameval.protocols.draws import bits_to_masks, trial_bits
 
     seconds = {}
     data, distmat = classic_matrix(store, args, combine, seconds)
@@ -1163,9 +1163,9 @@ def synth_fingerprint() -> str:
     """Hash of streameval/synth.py: a store made by a different generator is not reused."""
     import hashlib
 
-    import streameval.synth
+    import streameval.tools.synth
 
-    with open(streameval.synth.__file__, "rb") as fh:
+    with open(streameval.tools.synth.__file__, "rb") as fh:
         return hashlib.sha256(fh.read()).hexdigest()[:16]
 
 
@@ -1195,13 +1195,13 @@ def store_name(params: dict) -> str:
 
 def ensure_store(args, size, noise: float = 1.0) -> tuple[str, str]:
     """The store for this size and synth noise under --workdir: reused if its recorded parameters match."""
-    from streameval.errors import StoreError
+    from streameval.core.errors import StoreError
     from streameval.store import open_store
 
     try:
-        from streameval.synth import synthesize
+        from streameval.tools.synth import synthesize
     except ImportError as exc:
-        sys.exit(f"bench: cannot import streameval.synth ({exc}); it is needed to create the store")
+        sys.exit(f"bench: cannot import streameval.tools.synth ({exc}); it is needed to create the store")
     params = store_params(args, size, noise)
     path = os.path.join(args.workdir, store_name(params))
     marker = path + PARAMS_SUFFIX

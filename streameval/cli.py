@@ -17,12 +17,12 @@ import warnings
 
 import click
 
-from . import outputs
-from .choices import MAX_RANK_LIMIT, METRICS, PRECISIONS, RANGES, SUMMARY_FORMATS
-from .errors import StoreWarning, StreamevalError
+from .core import outputs
+from .core.choices import MAX_RANK_LIMIT, METRICS, PRECISIONS, RANGES, SUMMARY_FORMATS
+from .core.errors import StoreWarning, StreamevalError
 from .features import REGISTRY
-from .plan import SIZE_UNITS, parse_bytes
-from .signals import stopped
+from .engine.plan import SIZE_UNITS, parse_bytes
+from .core.signals import stopped
 from .suite.plan import PRESETS as SUITE_PRESETS
 
 
@@ -354,7 +354,7 @@ def _max_rank_for(ranks, max_rank):
 def _finish(result, label, json_path, per_query, quiet, ranks, summary_format) -> None:
     """Write the JSON (timed as its own phase), then print the summary.  If the JSON cannot be
     written, the summary is still printed and the error names the fallback file that holds it."""
-    from . import report
+    from .present import report
     from .features.gom import clipping_warning
 
     failure = None
@@ -416,7 +416,7 @@ def _reading(options: dict) -> dict:
 def _finish_with_lists(result, ranked_out, label, json_path, per_query, quiet, ranks, summary_format) -> None:
     """Write the ranked lists to ``ranked_out`` (if asked), then ``_finish``; lists that could not
     be written are reported after the result JSON and the summary."""
-    from .ranked import write_output
+    from .features.ranked.finalise import write_output
 
     failure = write_output(result, ranked_out, json_path)
     _finish(result, label, json_path, per_query, quiet, ranks, summary_format)
@@ -454,12 +454,12 @@ def eval_cmd(store, json_path, per_query, quiet, state, overwrite, ranks, summar
     outputs.check_directory(convert_to, overwrite, "--convert-to store")
     reading = _reading(options)
     options["max_rank"] = _max_rank_for(ranks, options["max_rank"])
-    from .evaluate import evaluate  # checks --state before any work
-    from .ranked import output_path
+    from .run.evaluation import evaluate  # checks --state before any work
+    from .features.ranked.finalise import output_path
 
     ranked_out = output_path(options["ranked_list"], options.pop("ranked_out"), json_path, overwrite)
     options["std_ddof"] = int(options["std_ddof"])
-    from .convert import evaluation_store
+    from .tools.convert import evaluation_store
 
     say = None if quiet else functools.partial(click.echo, err=True)  # -q: no info line, errors and warnings only
     with evaluation_store(store, convert_to=convert_to, overwrite=overwrite, state=state, say=say, **reading) as target:
@@ -487,8 +487,8 @@ def update(store, state, json_path, per_query, quiet, overwrite, ranks, summary_
     options["max_rank"] = _max_rank_for(ranks, options["max_rank"])
     options["no_gom"] = options["no_gom"] or None  # an absent flag means "as in the state"
     options["std_ddof"] = None if options["std_ddof"] is None else int(options["std_ddof"])
-    from .incremental import update as update_state
-    from .ranked import output_path
+    from .run.incremental import update as update_state
+    from .features.ranked.finalise import output_path
 
     ranked_out = output_path(options["ranked_list"], options.pop("ranked_out"), json_path, overwrite)
     result = update_state(store, state, progress=not quiet, **options)
@@ -513,9 +513,9 @@ def append(store, input_npz, paths_file):
     interrupted append leaves the store as it was.  Then 'streameval update STORE --state STATE'
     scores just the new rows.
     """
-    from .convert import append_npz
-    from .locking import writing
-    from .report import store_summary
+    from .tools.convert import append_npz
+    from .core.locking import writing
+    from .present.report import store_summary
     from .store import open_store
     from .store.paths import read_paths_file
 
@@ -565,9 +565,9 @@ def synth(out, queries, gallery, dim, ids, cams, seed, junk, distractors, open_q
     """
     outputs.check_directory(out, overwrite, "store")
     outputs.check_directory(images, overwrite, "image folder")
-    from .report import store_summary
+    from .present.report import store_summary
     from .store import open_store
-    from .synth import synthesize
+    from .tools.synth import synthesize
 
     synthesize(
         out, n_query=queries, n_gallery=gallery, dim=dim, n_ids=ids, n_cams=cams, seed=seed,
@@ -613,8 +613,8 @@ def convert(inputs, out, dtype, chunk_rows, metric, query_variants, gallery_vari
       streameval convert dist.npy dist.zarr --distances --ids-from feats.zarr
     """
     outputs.check_directory(out, overwrite, "store")
-    from .convert import convert as convert_input
-    from .report import store_summary
+    from .tools.convert import convert as convert_input
+    from .present.report import store_summary
 
     def report(matching):
         if matching.notable:
@@ -648,7 +648,7 @@ def plot(files, out, labels, overwrite):
     Needs matplotlib, the plot extra: pip install matplotlib (in the streameval clone,
     .venv/bin/pip install -e '.[plot]'; scripts/demo does).
     """
-    from . import plot as plot_mod  # light: matplotlib is imported when drawing
+    from .present import plot as plot_mod  # light: matplotlib is imported when drawing
 
     results, out, labels = plot_mod.arguments(files, out, labels)
     outputs.check_file(out, overwrite, "plot file")
@@ -679,7 +679,7 @@ def show_cmd(result, store, out, png, queries, image_root, overwrite):
     Without image paths, a table of ids and distances per query.  docs/show.md in the repository
     explains the page.
     """
-    from . import show
+    from .present import show
 
     show.parse_queries(queries)
     outputs.check_file(out or show.default_page(result), overwrite, "page")
@@ -706,7 +706,7 @@ def warmup(**options):
     With eval's options: the kernels of an evaluation with those options.  Which metric and which
     stored dtype do not matter.
     """
-    from .warmup import COMMON_RUNS, cache_folder, warm_up
+    from .run.warmup import COMMON_RUNS, cache_folder, warm_up
 
     ctx = click.get_current_context()
     given = {param.name: (param.opts[0], options[param.name]) for param in ctx.command.params
@@ -733,7 +733,7 @@ def validate(store, upgrade):
     """Check STORE's structure and read every chunk: missing chunk files, checksum mismatches
     (damaged files, chunk files moved, swapped or copied from another store), NaN or inf features
     and reserved ids are reported, feature variants included."""
-    from .report import store_summary
+    from .present.report import store_summary
     from .store import open_store, upgrade_store, validate_values
     from .store.variants import validate_variants
 
@@ -781,8 +781,8 @@ def aggregate_cmd(runs, labels, json_path, overwrite, ranks, summary_format):
     settings, ...) must match; the stores, their sizes and the execution may differ.
     """
     outputs.check_file(json_path, overwrite, "--json file")
-    from .aggregate import aggregate, check_compatible, load_runs
-    from .report import aggregate_text
+    from .present.aggregate import aggregate, check_compatible, load_runs
+    from .present.report import aggregate_text
 
     loaded = load_runs(runs, labels)
     for warning in check_compatible(loaded):
@@ -821,19 +821,19 @@ def _check_suite_outputs(json_path, plot_path, overwrite) -> None:
     for path, what in ((json_path, "--json file"), (plot_path, "--plot image")):
         outputs.check_file(path, overwrite, what)
     if plot_path:
-        from .plot import require_matplotlib
+        from .present.plot import require_matplotlib
 
         require_matplotlib("--plot")
 
 
 def _finish_suite(result, json_path, per_query, quiet, summary_format, per_evaluation, by_severity, plot_path) -> None:
     """Write the suite's JSON and plot, then print its table (to stderr when the JSON goes to stdout)."""
-    from .suite.report import breakdown_table, per_evaluation_table, suite_table, summary_lines
+    from .present.suite_report import breakdown_table, per_evaluation_table, suite_table, summary_lines
 
     section = result.to_dict(per_query=per_query)
     failure = _write_json(section, json_path, "suite result") if json_path else None
     if plot_path:
-        from .plot import plot_suite
+        from .present.plot import plot_suite
 
         plot_suite(section, plot_path)
     if not quiet:

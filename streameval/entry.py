@@ -6,7 +6,7 @@ import atexit
 import gc
 import sys
 
-from . import signals
+from .core import signals
 
 
 def main():

@@ -1,6 +1,6 @@
 """Brute-force float64 reference for protocols, trials and CMC flavours (docs/protocols.md).
 
-Written from the specification only, independently of the engine and of ``streameval.draws``: the
+Written from the specification only, independently of the engine and of ``streameval.protocols.draws``: the
 seeded hash of docs/protocols.md#the-seeded-hash and every draw rule are re-implemented here on plain Python ints.  For
 every (trial, query) it builds the kept set of docs/protocols.md#the-kept-set row by row, sorts it by (distance,
 extended gallery index) and reads every metric off that list.  The expected single-gallery-shot

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import streameval
-from streameval.aggregate import COUNTS, GOM_CURVES, GOM_SCALARS, SCALARS
-from streameval.synth import synthesize
+from streameval.present.aggregate import COUNTS, GOM_CURVES, GOM_SCALARS, SCALARS
+from streameval.tools.synth import synthesize
 
 from cli_checks import cli, one_error_line
 

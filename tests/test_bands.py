@@ -91,7 +91,7 @@ def test_a_chain_keeps_members_as_pieces_and_merges_concatenate_them():
     the state holds every task's members once (``members`` joins a job's)."""
     from streameval.features.verification.kernels import COUNT, ENTRY
     from streameval.features.verification.statistic import Verify, Windows, members
-    from streameval.statistics import StatState
+    from streameval.engine.statistic import StatState
 
     stat = Verify(1, 4, 0, False, False, Windows.of([(0, 0, 1 << 63, 40), (0, 1 << 63, 1 << 64, 40)]), count=False)
     rng = np.random.default_rng(1)

@@ -17,7 +17,7 @@ import pytest
 
 import streameval
 from reference import distance_matrix, query_ranks
-from streameval.synth import NOISE_HARD
+from streameval.tools.synth import NOISE_HARD
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
@@ -161,7 +161,7 @@ def test_against_refuses_a_workdir_git_would_show(tmp_path, capsys):
 def test_transcribed_rows_are_the_same_rows(tmp_path):
     """REV's copy of a store (here written by this tree's write_store, as an old revision's would
     be by its own): every array equal, the same dtype and chunk rows."""
-    from streameval.synth import synthesize
+    from streameval.tools.synth import synthesize
 
     source = synthesize(tmp_path / "s.zarr", n_query=30, n_gallery=250, dim=8, n_ids=6, n_cams=3, chunk_rows=64,
                         junk_frac=0.1)

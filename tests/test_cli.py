@@ -75,7 +75,7 @@ def test_synth_quiet_float16_and_refusal(tmp_path):
 
 def test_synth_noise(tmp_path):
     """--noise is synthesize's noise; a value that is no noise scale is refused before any work."""
-    from streameval.synth import synthesize
+    from streameval.tools.synth import synthesize
 
     small = ["--queries", "8", "--gallery", "40", "--dim", "4", "--ids", "3", "-q"]
     run("synth", tmp_path / "n.zarr", *small, "--noise", "1.7")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import streameval
-from streameval.synth import synthesize
+from streameval.tools.synth import synthesize
 
 from cli_checks import cli, one_error_line
 from signal_checks import assert_stopped_in_one_line, stopped_run
@@ -219,10 +219,10 @@ def test_the_memory_account_counts_every_declared_field_in_each_state_the_graph_
     """Tasks, then every Field (dtype x shape per row): a query-axis field for every query (the
     finished blocks) and for two query blocks per worker (a chain's state and its task's copy); a
     global field once per query block and twice per worker."""
-    from streameval.errors import OptionError
-    from streameval.plan import Plan
-    from streameval.session import check_memory
-    from streameval.statistics import Field, Statistic
+    from streameval.core.errors import OptionError
+    from streameval.engine.plan import Plan
+    from streameval.run.session import check_memory
+    from streameval.engine.statistic import Field, Statistic
 
     class Held(Statistic):
         name = "held"
@@ -284,11 +284,11 @@ def test_importing_streameval_loads_no_heavy_library():
 
 
 def test_public_names_load_on_first_use_and_stay_functions():
-    code = ("import streameval, streameval.incremental, streameval.evaluate; "
+    code = ("import streameval, streameval.run.incremental, streameval.run.evaluation; "
             "assert callable(streameval.evaluate) and callable(streameval.update); "
             "from streameval import evaluate, Result, write_store; print(evaluate.__module__, Result.__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["streameval.evaluate", "Result"]
+    assert out.split() == ["streameval.run.evaluation", "Result"]
 
 
 @pytest.fixture(scope="module")
@@ -382,15 +382,15 @@ def test_ctrl_c_while_the_temporary_store_is_removed_waits_for_the_removal(npy_f
     (" 7 B ", 7), ("12345678901234567", 12345678901234567),
 ])
 def test_one_size_parser_decimal_and_binary_units_as_dask(text, size):
-    from streameval.plan import parse_bytes
+    from streameval.engine.plan import parse_bytes
 
     assert parse_bytes(text) == size
 
 
 @pytest.mark.parametrize("text", ["4g", "2G", "4gigs", "-1", "1e9", "GB", ""])
 def test_sizes_without_a_clear_unit_are_refused(text):
-    from streameval.errors import OptionError
-    from streameval.plan import parse_bytes
+    from streameval.core.errors import OptionError
+    from streameval.engine.plan import parse_bytes
 
     with pytest.raises(OptionError, match="powers of 1000"):
         parse_bytes(text)
@@ -402,7 +402,7 @@ def test_every_size_option_reads_the_same_units(store, monkeypatch):
 
     import distributed
 
-    engine = importlib.import_module("streameval.session")  # the module that plans the run and checks its memory
+    engine = importlib.import_module("streameval.run.session")  # the module that plans the run and checks its memory
 
     seen = {}
     planned, checked = engine.make_plan, engine.check_memory
@@ -433,7 +433,7 @@ def test_every_size_option_reads_the_same_units(store, monkeypatch):
 def test_a_query_block_past_the_queries_plans_the_gallery_chunk_of_all_queries():
     """--query-block 2^62 on 500 queries is a block of 500: the gallery chunk is sized for those
     (it was sized for 2^62 queries: 256-row chunks, a pass many times slower)."""
-    from streameval.plan import make_plan
+    from streameval.engine.plan import make_plan
 
     shape = dict(n_query=500, n_gallery=20_000, dim=64, itemsize=4, stored_itemsize=4, store_chunk_rows=2048,
                  workers=2)
@@ -442,8 +442,8 @@ def test_a_query_block_past_the_queries_plans_the_gallery_chunk_of_all_queries()
 
 
 def test_a_task_larger_than_this_machine_is_refused_before_work():
-    from streameval.errors import OptionError
-    from streameval.plan import format_bytes, make_plan, physical_memory
+    from streameval.core.errors import OptionError
+    from streameval.engine.plan import format_bytes, make_plan, physical_memory
 
     memory = physical_memory()
     rows = int((memory // 4) ** 0.5) + 1  # rows x rows float32 dot products: more than the memory

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import streameval
 from streameval.cli import main
-from streameval.errors import OptionError, StoreError
+from streameval.core.errors import OptionError, StoreError
 from streameval.protocols import resolve
 from streameval.store import open_store, write_store
 from streameval import write_distance_store

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import streameval
-from streameval.cluster import ClusterError
+from streameval.engine.cluster import ClusterError
 
 distributed = pytest.importorskip("distributed")
 

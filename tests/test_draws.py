@@ -7,17 +7,9 @@ import random
 import numpy as np
 import pytest
 
-from streameval.draws import (
-    bits_to_masks,
-    eligible_rows,
-    hash_words,
-    load_official_table,
-    mix64,
-    rows_per_trial,
-    trial_bits,
-    trial_count,
-)
-from streameval.errors import OptionError
+from streameval.protocols.draws import (bits_to_masks, eligible_rows, hash_words, load_official_table, mix64,
+                                        rows_per_trial, trial_bits, trial_count)
+from streameval.core.errors import OptionError
 from streameval.protocols.record import Protocol, TrialSpec
 
 MASK = (1 << 64) - 1
@@ -80,7 +72,7 @@ def test_kernel_hash_steps_equal_the_vectorised_hash():
     """The sgs kernel draws inside numba with the same finaliser: chained, its steps give H."""
     import numba as nb
 
-    from streameval.statistics.sgs import _absorb
+    from streameval.features.sgs.statistic import _absorb
 
     @nb.njit
     def two_words(h, a, b):  # as in the kernel: the state stays uint64 between steps

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from streameval.synth import synthesize
+from streameval.tools.synth import synthesize
 
 from cli_checks import cli, one_error_line
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from streameval.metadata import Metadata
-from streameval.settings import Settings
+from streameval.engine.metadata import Metadata
+from streameval.run.settings import Settings
 
 OPEN_SET = {"fpir": ["0.05"], "ranks": [1, 3], "rounding": "floor"}
 EVERY_FEATURE = {"gom_norm": "fixed:0:2", "gom_bins": 64, "gom_b": 500, "gom_vp": "jaccard",

@@ -33,9 +33,9 @@ from click.testing import CliRunner
 
 import streameval
 from streameval.cli import main
-from streameval.statestore import POINTER, load_state
+from streameval.run.statestore import POINTER, load_state
 from streameval.store import open_group
-from streameval.statistics.dedup import EMPTY
+from streameval.features.dedup.statistic import EMPTY
 
 from test_incremental import comparable, make_store, random_rows
 
@@ -116,10 +116,10 @@ def saved_dedup(tmp_path):
 
 KILLED_DURING_SAVE = textwrap.dedent("""
     import os, signal, sys
-    import streameval, streameval.statestore
+    import streameval, streameval.run.statestore
     def die(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
-    streameval.statestore._sync_tree = die  # the version is written; CURRENT is not
+    streameval.run.statestore._sync_tree = die  # the version is written; CURRENT is not
     streameval.evaluate(sys.argv[1], state=sys.argv[2])
 """)
 

@@ -20,10 +20,10 @@ import zarr
 from click.testing import CliRunner
 
 from streameval import OptionError, StoreError, append_gallery, evaluate, open_store, validate_values
-from streameval import convert as convert_mod
-from streameval import synth as synth_mod
+from streameval.tools import convert as convert_mod
+from streameval.tools import synth as synth_mod
 from streameval.cli import main
-from streameval.convert import convert_npz
+from streameval.tools.convert import convert_npz
 from streameval.store.identity import ChunkIdentityStore
 from streameval.store import COMMITTED_ATTR, ID_FILL, open_group, read_rows, reading, rows_fingerprint
 

@@ -32,10 +32,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import streameval
 from streameval.cli import main
-from streameval.errors import OptionError
+from streameval.core.errors import OptionError
 from streameval.protocols import CameraRelation, Protocol, resolve
-from streameval.report import summary
-from streameval.statestore import POINTER, StateError, load_state
+from streameval.present.report import summary
+from streameval.run.statestore import POINTER, StateError, load_state
 from streameval.store import COMMITTED_ATTR, open_group
 
 from cli_checks import one_error_line
@@ -395,12 +395,12 @@ def test_eval_refuses_to_replace_a_state_or_a_foreign_directory(tmp_path):
 CRASH = textwrap.dedent("""
     import os, signal, sys
     import numpy as np
-    import streameval, streameval.statestore, streameval.store.writing
+    import streameval, streameval.run.statestore, streameval.store.writing
     def die(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
     what, store, state = sys.argv[1:4]
     if what == "update":  # killed once the new version is written, before it is made live
-        streameval.statestore._sync_tree = die
+        streameval.run.statestore._sync_tree = die
         streameval.update(store, state)
     else:  # append: killed after the first batch of rows is written, before the commit
         real = streameval.store.writing.write_rows
@@ -454,7 +454,7 @@ def test_update_interrupted_by_ctrl_c_keeps_the_state(tmp_path):
     state = tmp_path / "state"
     full = comparable(streameval.evaluate(store, state=state))
     streameval.append_gallery(store, *random_rows(rng, 20, np.zeros(20, int)))
-    ctrl_c_at_pause(paused_script("streameval.statestore", "_sync_tree", "streameval.update(*sys.argv[1:3])"),
+    ctrl_c_at_pause(paused_script("streameval.run.statestore", "_sync_tree", "streameval.update(*sys.argv[1:3])"),
                     store, state)
     assert load_state(state).covers["gallery_rows"] == 300
     assert comparable(streameval.update(store, state, gallery_chunk=7)) == comparable(streameval.evaluate(store))

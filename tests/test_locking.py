@@ -1,5 +1,5 @@
 """One writer at a time per store and per state, and no store replaced under its reader
-(``streameval.locking``), with real processes of the real command line started together; and
+(``streameval.core.locking``), with real processes of the real command line started together; and
 --overwrite replaces only a store streameval wrote.
 
 A row's features carry its ids (feature 0 is its pid, feature 1 its camera), so a store whose
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import streameval
-from streameval.errors import OptionError
-from streameval.locking import lock_path
+from streameval.core.errors import OptionError
+from streameval.core.locking import lock_path
 from streameval.store import open_store
 from streameval.store.variants import variant_set
 
@@ -223,7 +223,7 @@ def test_a_held_lock_refuses_in_one_line_naming_the_holder(tmp_path):
     the store is untouched."""
     path = tmp_path / "s.zarr"
     make_store(path)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom streameval.locking import writing\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom streameval.core.locking import writing\n"
                                "with writing(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(60)\n",
                                str(path)], stdout=subprocess.PIPE, text=True)
     try:
@@ -295,7 +295,7 @@ def test_a_store_being_created_is_not_read(tmp_path):
     naming it, rather than reading half a store."""
     path = tmp_path / "s.zarr"
     make_store(path)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom streameval.locking import writing\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom streameval.core.locking import writing\n"
                                "with writing(sys.argv[1], creating=True):\n    print('held', flush=True)\n"
                                "    time.sleep(60)\n", str(path)], stdout=subprocess.PIPE, text=True)
     try:

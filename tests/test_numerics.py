@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 
 import streameval
-from streameval import OptionError, kernels, report
+from streameval import OptionError
+from streameval.engine import kernels
+from streameval.present import report
 
 from reference import distance_matrix, reference_evaluate
 
@@ -197,7 +199,7 @@ def test_no_row_past_the_reach_of_a_distance_can_be_at_or_below_it(metric):
     """``kernels.reach_distance``: a row whose fast distance d' exceeds the reach of d has its
     canonical distance above d, whatever the row's norm (up to the chunk's widest), since the
     canonical distance is at least d' - distance_window(d')."""
-    from streameval import kernels
+    from streameval.engine import kernels
 
     code = kernels.METRIC_CODES[metric]
     rng = np.random.default_rng(5)
@@ -216,7 +218,7 @@ def test_no_fast_distance_below_an_edge_has_an_upper_bound_past_its_peak(metric)
     """``features.verification.kernels._peak_upper``: every fast distance d' up to an edge E, with norms up to
     the block's widest, has d' + distance_window(d') at most the peak at E, the bound a tail is
     seeded with from the block's counts below E."""
-    from streameval import kernels
+    from streameval.engine import kernels
     from streameval.features.verification.kernels import _peak_upper
 
     code = kernels.METRIC_CODES[metric]

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 import streameval
-from streameval import kernels
+from streameval.engine import kernels
 from streameval.protocols import resolve
-from streameval.report import summary
-from streameval.statestore import StateError
+from streameval.present.report import summary
+from streameval.run.statestore import StateError
 
 from cli_checks import cli, one_error_line
 from protocol_reference import (extend_gallery, identity_dedup_rho, is_kept, kept_in_key_order, positive_ranks,
@@ -263,7 +263,7 @@ def test_vector_v7(v7_store):
 def test_targets_are_exact_decimals_rounded_half_up():
     """0.29 x 100 is 29 (float64's product is 28.999...); 0.005 x 100 = 0.5 rounds up (Python's
     round would give 0); floor never exceeds the target."""
-    from streameval.openset import Spec
+    from streameval.features.open_set.finalise import Spec
 
     spec = Spec.parse({"fpir": ["0.29", "0.005", "0.015"], "ranks": [1], "rounding": "round"}, 50)
     floor = Spec.parse({**spec.to_record(), "rounding": "floor"}, 50)

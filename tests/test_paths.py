@@ -14,8 +14,8 @@ import streameval
 from streameval import OptionError, StoreError, append_gallery, open_store, write_store
 from streameval.store import open_group, read_ids, read_rows
 from streameval.store.paths import read_paths, write_paths
-from streameval import synth
-from streameval.synth import GROUP_SIZE, IMAGE_HEIGHT, IMAGE_WIDTH
+from streameval.tools import synth
+from streameval.tools.synth import GROUP_SIZE, IMAGE_HEIGHT, IMAGE_WIDTH
 
 from cli_checks import cli, one_error_line
 

@@ -15,8 +15,8 @@ import json
 import numpy as np
 import pytest
 
-from streameval.plot import curves, figure
-from streameval.synth import synthesize
+from streameval.present.plot import curves, figure
+from streameval.tools.synth import synthesize
 
 from cli_checks import cli, one_error_line
 

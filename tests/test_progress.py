@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 
 import streameval
-from streameval import graph, progress, report
-from streameval.settings import Settings
-from streameval.plan import Plan
-from streameval.progress import RANGE_PAIR_OVERHEAD, Bar, Reporter, key_work, pairs_work, read_work, work_key
+from streameval.engine import graph
+from streameval.core import progress
+from streameval.present import report
+from streameval.run.settings import Settings
+from streameval.engine.plan import Plan
+from streameval.core.progress import RANGE_PAIR_OVERHEAD, Bar, Reporter, key_work, pairs_work, read_work, work_key
 
 N_QUERY, N_GALLERY, DIM, CHUNK = 200, 6000, 16, 256
 LINE = re.compile(r"(streameval(?: update| suite)?): (\d+)% (.*)")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from streameval.errors import OptionError
+from streameval.core.errors import OptionError
 from streameval.protocols import (PRESETS, CameraRelation, Protocol, SgsSpec, TrialSpec, presets_table,
                                   resolve)
 
@@ -244,7 +244,7 @@ def test_an_official_table_named_in_a_file_is_found_beside_it(tmp_path, monkeypa
 
 @pytest.fixture(scope="module")
 def small_store(tmp_path_factory) -> str:
-    from streameval.synth import synthesize
+    from streameval.tools.synth import synthesize
 
     path = tmp_path_factory.mktemp("protocol-store") / "s.zarr"
     synthesize(path, n_query=10, n_gallery=40, dim=4, n_ids=5, n_cams=2, seed=1)

@@ -25,10 +25,10 @@ import pytest
 import zarr
 
 import streameval
-from streameval import graph, kernels
+from streameval.engine import graph, kernels
 from streameval.protocols import resolve
-from streameval.ranked import read_records
-from streameval.statestore import StateError
+from streameval.features.ranked.finalise import read_records
+from streameval.run.statestore import StateError
 from streameval.store.paths import write_paths
 
 from cli_checks import cli, one_error_line

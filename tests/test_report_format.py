@@ -15,8 +15,8 @@ import re
 import numpy as np
 import pytest
 
-from streameval.report import latex_escape
-from streameval.synth import synthesize
+from streameval.present.report import latex_escape
+from streameval.tools.synth import synthesize
 
 from cli_checks import cli, one_error_line
 
@@ -120,7 +120,7 @@ def test_counts_of_trials_print_as_integers_and_their_std_is_zero(store, tmp_pat
 
 
 def test_a_mean_count_that_is_not_whole_has_one_decimal():
-    from streameval.report import _count
+    from streameval.present.report import _count
 
     assert [_count(v) for v in (301, 301.0, 1234.0, 300.5, 1234.25)] == ["301", "301", "1,234", "300.5", "1,234.2"]
 

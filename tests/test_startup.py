@@ -17,9 +17,9 @@ import sys
 import textwrap
 
 HEAVY = ("numba", "zarr", "dask", "distributed", "matplotlib")
-ENTRY_POINTS = ("kernels.row_terms", "kernels.pair_distances", "kernels.distance_range",
-                "statistics.slots.update_slots", "statistics.gom_hist.update_hist", "kernels.rank_summaries",
-                "kernels.gom_curves")
+ENTRY_POINTS = ("engine.kernels.row_terms", "engine.kernels.pair_distances", "engine.kernels.distance_range",
+                "features.closed_set.slots.update_slots", "features.gom.statistic.update_hist",
+                "engine.kernels.rank_summaries", "engine.kernels.gom_curves")
 WORKING_PRECISION = ENTRY_POINTS[:5]  # kernels with an argument in the working precision
 
 
@@ -86,12 +86,12 @@ def test_each_kernel_is_loaded_once_per_working_precision():
     for name in WORKING_PRECISION:
         assert len(loaded[name]) == 2, (name, loaded[name])
         assert sorted("float32" in types for types in loaded[name]) == [False, True], loaded[name]
-    for name in ("kernels.rank_summaries", "kernels.gom_curves"):  # no argument in the working precision
+    for name in ("engine.kernels.rank_summaries", "engine.kernels.gom_curves"):  # no argument in the working precision
         assert len(loaded[name]) == 1, (name, loaded[name])
 
 
 def test_closed_set_evaluation_loads_no_gom_kernel():
     loaded = loaded_signatures([{"no_gom": True}])
-    gom = ("kernels.gom_curves", "kernels.distance_range", "statistics.gom_hist.update_hist")
+    gom = ("engine.kernels.gom_curves", "engine.kernels.distance_range", "features.gom.statistic.update_hist")
     assert all(loaded[name] == [] for name in gom)
     assert all(len(loaded[name]) == 1 for name in ENTRY_POINTS if name not in gom)

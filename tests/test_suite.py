@@ -19,12 +19,12 @@ from click.testing import CliRunner
 
 import streameval
 from streameval.cli import main
-from streameval.errors import OptionError
+from streameval.core.errors import OptionError
 from streameval.store import append_gallery, write_store
 from streameval.store.variants import variant_names, write_variant
 from streameval.suite.plan import FACTORIAL_NOTE, load_suite
 from streameval.suite.run import run_suite, update_suite
-from streameval.spread import spread
+from streameval.core.spread import spread
 
 from cli_checks import one_error_line
 from reference import reference_evaluate

@@ -20,9 +20,9 @@ import re
 import numpy as np
 import pytest
 
-from streameval.errors import OptionError
-from streameval.suite.report import breakdown_table, per_evaluation_table, suite_table, summary_lines, title
-from streameval.synth import synthesize
+from streameval.core.errors import OptionError
+from streameval.present.suite_report import breakdown_table, per_evaluation_table, suite_table, summary_lines, title
+from streameval.tools.synth import synthesize
 
 from cli_checks import cli, one_error_line
 
@@ -301,7 +301,7 @@ def test_the_breakdown_names_each_corruption_as_its_variants_do(suite):
 
 
 def test_the_suite_command_names_the_corruptions_of_synthetic_variants(tmp_path):
-    from streameval.synth import CORRUPTIONS
+    from streameval.tools.synth import CORRUPTIONS
 
     names = list(CORRUPTIONS)  # a type is its index
     store, out = tmp_path / "v.zarr", tmp_path / "suite.json"
@@ -349,7 +349,7 @@ def suite_files(tmp_path) -> tuple:
 
 def test_the_suite_figure_draws_mean_std_and_each_trial_per_setting(suite):
     pytest.importorskip("matplotlib")
-    from streameval.plot import suite_bars, suite_figure
+    from streameval.present.plot import suite_bars, suite_figure
 
     fig = suite_figure([suite_bars(suite, "a")])
     settings = suite["suite"]["settings"]
@@ -383,7 +383,7 @@ def test_the_suite_figure_draws_mean_std_and_each_trial_per_setting(suite):
 
 def test_two_suites_stand_side_by_side_in_their_own_colours(tmp_path):
     pytest.importorskip("matplotlib")
-    from streameval.plot import load, suite_figure
+    from streameval.present.plot import load, suite_figure
 
     a, b = suite_files(tmp_path)
     fig = suite_figure([load(str(a), "a"), load(str(b), "b")])
@@ -439,7 +439,7 @@ def test_a_malformed_suite_result_is_refused_naming_it(tmp_path):
 
 def test_one_trial_draws_no_error_bars(tmp_path):
     pytest.importorskip("matplotlib")
-    from streameval.plot import suite_bars, suite_figure
+    from streameval.present.plot import suite_bars, suite_figure
 
     fig = suite_figure([suite_bars(suite_result(trials=1, breakdown=False), "one")])
     for ax in fig.axes:

@@ -9,9 +9,9 @@ import pytest
 import zarr
 
 from streameval import OptionError, StoreError, evaluate, open_store, validate_values
-from streameval.convert import convert_npz
-from streameval.plan import default_chunk_rows
-from streameval.synth import NOISE_HARD, generation_block_rows, synthesize
+from streameval.tools.convert import convert_npz
+from streameval.engine.plan import default_chunk_rows
+from streameval.tools.synth import NOISE_HARD, generation_block_rows, synthesize
 
 SMALL = dict(n_query=150, n_gallery=2500, dim=24, n_ids=30, n_cams=4)
 

@@ -15,7 +15,7 @@ from streameval import OptionError, StoreError, append_gallery, evaluate, open_s
 from streameval.store import open_group
 from streameval.store.variants import CLEAN, variant_attrs, variant_columns, variant_names, variant_set, write_variant
 from streameval.suite.plan import preset_variants
-from streameval.synth import CORRUPTIONS, MAX_SEVERITY, synthesize
+from streameval.tools.synth import CORRUPTIONS, MAX_SEVERITY, synthesize
 
 NQ, NG, DIM, CHUNK = 11, 37, 5, 8
 

@@ -28,11 +28,13 @@ import pytest
 import importlib
 
 import streameval
-from streameval import kernels, progress, tiny, warmup
-from streameval.progress import COMPILING, Bar, Reporter
+from streameval.engine import kernels, tiny
+from streameval.core import progress
+from streameval.run import warmup
+from streameval.core.progress import COMPILING, Bar, Reporter
 from streameval.protocols import resolve
 
-pipeline = importlib.import_module("streameval.session")  # the module of the rehearsal
+pipeline = importlib.import_module("streameval.run.session")  # the module of the rehearsal
 
 
 def fresh_process(args: list, cache: Path) -> subprocess.CompletedProcess:
@@ -47,9 +49,10 @@ EVALUATION = """
     from numba.core import event
     import streameval
     import importlib
-    from streameval import report, warmup
+    from streameval.present import report
+    from streameval.run import warmup
 
-    pipeline = importlib.import_module("streameval.session")
+    pipeline = importlib.import_module("streameval.run.session")
     rehearsing, compiled_outside = [False], []
     rehearse = pipeline.rehearse
 
@@ -192,9 +195,9 @@ def test_what_numba_compiles_during_the_passes_is_booked_as_compiling_not_as_pas
     import numba
     from dask import delayed
 
-    from streameval.session import Runner
-    from streameval.plan import Plan
-    from streameval.progress import Phases
+    from streameval.run.session import Runner
+    from streameval.engine.plan import Plan
+    from streameval.core.progress import Phases
 
     @numba.njit
     def first_call(x):  # what a route the rehearsal did not take would compile

@@ -29,8 +29,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from ..errors import OptionError, StoreError
-from ..extras import require_extra
+from ..core.errors import OptionError, StoreError
+from ..core.extras import require_extra
 
 FEATURE_KEYS = {"qf": "query_features", "gf": "gallery_features", "q_pids": "query_pids",
                 "g_pids": "gallery_pids", "q_camids": "query_camids", "g_camids": "gallery_camids"}

@@ -20,8 +20,8 @@ from itertools import islice
 
 import numpy as np
 
-from ..choices import INT64_MAX, INT64_MIN
-from ..errors import StoreError
+from ..core.choices import INT64_MAX, INT64_MIN
+from ..core.errors import StoreError
 from . import normalise
 
 COLUMNS = {

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from ..errors import StoreError, one_line
+from ..core.errors import StoreError, one_line
 from . import Source, require
 
 _READ_ERRORS = (OSError, KeyError, ValueError, TypeError, RuntimeError)

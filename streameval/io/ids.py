@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import StoreError
+from ..core.errors import StoreError
 
 
 class IntegralIds:

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from ..errors import StoreError, one_line
+from ..core.errors import StoreError, one_line
 from . import Source, require
 from .arrays import LazyArray
 

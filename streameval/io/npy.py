@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from ..errors import StoreError
+from ..core.errors import StoreError
 from . import Source
 from .arrays import MemoryArray
 

@@ -17,7 +17,7 @@ import zlib
 import numpy as np
 from numpy.lib import format as npy_format
 
-from ..errors import StoreError
+from ..core.errors import StoreError
 from . import Source
 
 MAX_HEADER_BYTES = 10_000  # numpy's own limit on a header it parses with literal_eval

@@ -13,7 +13,7 @@ from numbers import Number
 
 import numpy as np
 
-from ..errors import StoreError, one_line
+from ..core.errors import StoreError, one_line
 from . import Source
 from .arrays import MemoryArray
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from ..choices import check_range
-from ..errors import OptionError
+from ..core.choices import check_range
+from ..core.errors import OptionError
 from .presets import ALIASES, PRESETS, preset, presets_table
 from .record import (CAMERA_RULE_RELATIONS, CAMERA_RULES, CMC_FLAVOURS, DIRECTIONS, DRAW_VERSION,
                      CameraRelation, Protocol, SgsSpec, TrialSpec, _choice, _integer, split_trial_source)

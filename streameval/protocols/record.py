@@ -17,8 +17,8 @@ import operator
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
 
-from ..choices import INT64_MAX, INT64_MIN, MAX_SGS_REPEATS, MAX_TRIALS, Bounds
-from ..errors import OptionError
+from ..core.choices import INT64_MAX, INT64_MIN, MAX_SGS_REPEATS, MAX_TRIALS, Bounds
+from ..core.errors import OptionError
 
 CMC_FLAVOURS = ("first-hit", "identity-dedup", "sgs")
 REFERENCE_APS = ("rectangle", "trapezoid")

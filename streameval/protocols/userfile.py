@@ -11,7 +11,7 @@ import tomllib
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import OptionError
+from ..core.errors import OptionError
 from .record import Protocol
 
 SUFFIXES = (".toml", ".json")

@@ -33,7 +33,7 @@ check refuses a chunk file moved, swapped or copied from another store.  Schema 
 before (with a warning); ``upgrade_store`` (``streameval validate --upgrade``) binds their chunks.
 
 Every read of chunk data goes through ``read_field``, which turns a damaged or missing chunk into a
-:class:`~streameval.errors.StoreError` naming the set, the rows and the chunk file.
+:class:`~streameval.core.errors.StoreError` naming the set, the rows and the chunk file.
 
 ``open_store`` checks everything that metadata alone can tell (arrays present, dtypes, shapes,
 chunking, checksums and fill values) and raises StoreError with a readable message. Values (finite

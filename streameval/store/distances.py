@@ -30,8 +30,8 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec
 
-from ..choices import check_range
-from ..errors import StoreError, one_line
+from ..core.choices import check_range
+from ..core.errors import StoreError, one_line
 from .layout import (COMMITTED_ATTR, DISTANCE_DTYPES, DISTANCE_KINDS, OPENERS, RECREATE, FeatureSet, Store,
                      check_safeguards, open_array, open_store)
 from .values import check_ids

@@ -35,7 +35,7 @@ from zarr.core.common import concurrent_map
 from zarr.core.sync import sync
 from zarr.storage import LocalStore, WrapperStore
 
-from ..errors import StoreError, one_line
+from ..core.errors import StoreError, one_line
 
 IDENTITY_SCHEMA = 3  # the first store schema whose chunk checksums carry the chunk's identity
 UPGRADING_ATTR = "chunk_identity_upgrade"  # set while ``upgrade`` rebinds the chunks of a schema 2 store

@@ -11,9 +11,9 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec
 
-from ..choices import INT64_MIN, METRICS
-from ..errors import StoreError, StoreWarning, one_line
-from ..locking import reading
+from ..core.choices import INT64_MIN, METRICS
+from ..core.errors import StoreError, StoreWarning, one_line
+from ..core.locking import reading
 from .identity import UPGRADING_ATTR, bound_group
 
 

@@ -23,8 +23,8 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
-from ..errors import OptionError, StoreError, one_line
-from ..locking import writing
+from ..core.errors import OptionError, StoreError, one_line
+from ..core.locking import writing
 from .layout import SETS, FeatureSet, Store, describe, open_array, open_store, refuse_links
 from .reading import _last_row
 

@@ -14,7 +14,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.common import concurrent_map
 from zarr.core.sync import sync
 
-from ..errors import StoreError, one_line
+from ..core.errors import StoreError, one_line
 from .identity import DAMAGED, checksum_failure, plain_store
 from .layout import CHECKSUM_BYTES, FIELDS, FeatureSet, ID_FILL, Store
 from .values import row_number

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..choices import INT64_MAX, METRICS
-from ..errors import OptionError, StoreError
+from ..core.choices import INT64_MAX, METRICS
+from ..core.errors import OptionError, StoreError
 from .layout import FEATURE_DTYPES, ID_FILL
 
 

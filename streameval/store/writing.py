@@ -13,9 +13,9 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
-from ..errors import StoreError, StoreWarning, one_line
-from ..locking import replacing, writing
-from ..outputs import refuse_foreign
+from ..core.errors import StoreError, StoreWarning, one_line
+from ..core.locking import replacing, writing
+from ..core.outputs import refuse_foreign
 from .layout import (CAMERAS_ATTR, CHECKSUM_BYTES, COMMITTED_ATTR, DEFAULT_CHUNK_ROWS, FIELDS, ID_FILL, RECREATE, SCHEMA_VERSION, UID_ATTR,
                      FeatureSet, Store, describe, is_local_path, open_store, plain_group, refuse_links)
 from .identity import UPGRADING_ATTR, bound_group, upgrade

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..choices import MAX_VARIANT_TRIALS, Bounds, check_range
-from ..errors import OptionError
+from ..core.choices import MAX_VARIANT_TRIALS, Bounds, check_range
+from ..core.errors import OptionError
 
 SETTINGS = ("clean", "query", "gallery", "both")  # the report's order; a suite file may name others
 DEFAULT_TRIALS = 10

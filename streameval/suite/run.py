@@ -19,16 +19,16 @@ from functools import partial
 
 import numpy as np
 
-from .. import graph
-from ..errors import OptionError
-from ..incremental import advance
-from ..locking import writing
-from ..pipeline import as_store, feature_requests, gallery_metadata, make_result, oriented, run_passes, store_set
-from ..progress import Phases
-from ..session import run_plan, session
-from ..settings import Execution, Settings
-from ..state import QueryState
-from ..statestore import check_matches, load_state
+from ..engine import graph
+from ..core.errors import OptionError
+from ..run.incremental import advance
+from ..core.locking import writing
+from ..run.pipeline import as_store, feature_requests, gallery_metadata, make_result, oriented, run_passes, store_set
+from ..core.progress import Phases
+from ..run.session import run_plan, session
+from ..run.settings import Execution, Settings
+from ..engine.state import QueryState
+from ..run.statestore import check_matches, load_state
 from ..store import Store
 from .plan import Suite
 from .state import check_state_target, finish_state, group_folder, load_suite_record, save_group
@@ -198,7 +198,7 @@ def split_results(base: Store, settings: Settings, runner, gallery: tuple, queri
 
 def suite_result(store: Store, settings: Settings, suite: Suite, by_pair: dict, passes: int,
                  phases: Phases) -> SuiteResult:
-    from ..metrics import run_timing
+    from ..run.result import run_timing
 
     results = [by_pair[(ev.query, ev.gallery)] for ev in suite.evaluations]
     gemms = len(by_pair)

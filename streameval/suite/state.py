@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import os
 
-from ..outputs import check_directory, check_folder, write_text
-from ..statestore import StateError
+from ..core.outputs import check_directory, check_folder, write_text
+from ..run.statestore import StateError
 from .plan import Suite
 
 RECORD = "suite.json"
@@ -25,7 +25,7 @@ GROUP_PREFIX = "gallery-"
 def check_state_target(path, overwrite: bool, settings) -> None:
     """Before any work: a suite state can be written at ``path`` (absent, empty, or a suite state
     replaced with ``overwrite``) for a protocol whose counts survive appends."""
-    from ..statestore import check_updatable
+    from ..run.statestore import check_updatable
 
     check_updatable(settings)
     check_folder(path, "suite state directory")
@@ -46,7 +46,7 @@ def group_folder(path, gallery_variant: str) -> str:
 
 
 def save_group(path, view, settings, query_state, gallery_variant: str, query_hash: str | None = None) -> None:
-    from ..statestore import save_state
+    from ..run.statestore import save_state
 
     save_state(group_folder(path, gallery_variant), view, settings, query_state, query_hash)
 

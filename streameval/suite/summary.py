@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..spread import spread
+from ..core.spread import spread
 from .plan import SETTINGS, Suite
 
 RANKS = (1, 5, 10)  # upstream's columns: mINP, mAP, R1, R5, R10

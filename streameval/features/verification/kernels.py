@@ -45,9 +45,9 @@ import math
 import numba as nb
 import numpy as np
 
-from ... import kernels
-from ...choices import TAIL_ENTRY_BYTES
-from ...statistics.block import compact, kept_negative, mask, trial_bit, widest
+from ...engine import kernels
+from ...core.choices import TAIL_ENTRY_BYTES
+from ...engine.block import compact, kept_negative, mask, trial_bit, widest
 
 _jit = nb.njit(nogil=True, cache=True)
 _inline = nb.njit(nogil=True, cache=True, inline="always")

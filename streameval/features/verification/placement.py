@@ -50,7 +50,7 @@ def place(store, settings, runner, meta):
     ``settings`` as given.  The narrowest windows collect while they fit the tail budget; the others
     count (capacity 0, from the lowest distance sampled on): their fine counts place a window for one
     more pass."""
-    from ... import graph
+    from ...engine import graph
 
     spec = settings.verification
     if not eligible(settings):
@@ -143,8 +143,8 @@ def statistic_blocks(store, settings, meta, plan, stat, pass_name: str) -> tuple
     """What a pass of the statistic ``stat`` alone needs (the pilot, the selection's further
     passes): its Scoring, the gallery parts, its PassContext, and per query block (row selection,
     delayed Rows)."""
-    from ... import graph
-    from ...ranges import normalisations
+    from ...engine import graph
+    from ...engine.ranges import normalisations
 
     scoring = replace(settings.scoring(store.dim, meta), statistics=(stat,))
     parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
@@ -159,7 +159,7 @@ def _pilot(store, settings, plan, meta, ranges: list, core: int):
     reach, the range's negatives, that reach)."""
     from dask import delayed
 
-    from ... import graph
+    from ...engine import graph
 
     stat = Verify(settings.n_trials, settings.verification.hist_bits, core, False, False)
     scoring, parts, run, blocks = statistic_blocks(store, settings, meta, plan, stat, "pilot")
@@ -176,7 +176,7 @@ def _range_sample(core: int, *states) -> list:
     """Per trial (sorted fast distances, negatives, reach) of one range's states: its tail holds
     every negative below the core-th smallest fast distance among its entries, or all of them if
     it holds fewer than ``core`` (an overflowed tail: none, reach -inf)."""
-    from ...statistics import StatState
+    from ...engine.statistic import StatState
 
     arrays = StatState.concat(list(states)).arrays
     out = []

@@ -17,7 +17,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from ...rates import k_of
+from ...core.rates import k_of
 from .spec import LABEL_CONVENTION, Spec
 from .select import KEYS, Selection, Target, guess, place, resolve, tail_usable
 
@@ -62,8 +62,8 @@ def _pass(store, settings, state, runner, meta, windows):
     """The state of ``windows`` counted over every pair of every query (a further pass)."""
     from dask import delayed
 
-    from ... import graph
-    from ...statistics import StatState
+    from ...engine import graph
+    from ...engine.statistic import StatState
     from .placement import statistic_blocks
     from .statistic import Verify
 
@@ -78,7 +78,7 @@ def _pass(store, settings, state, runner, meta, windows):
 
 def _settled(part, rows: np.ndarray, queries, at: np.ndarray, where: np.ndarray, scoring, meta) -> np.ndarray:
     """Canonical distances of the pairs (queries' row ``at``, the part's row ``rows[where]``)."""
-    from ... import graph, kernels
+    from ...engine import graph, kernels
 
     chunk = graph.load_rows(part.fs, rows, scoring, meta, part)
     return kernels.pair_distances(queries.features, chunk.features, at, where, queries.terms, chunk.terms,
@@ -90,8 +90,8 @@ def settle(store, settings, meta, runner, qrows: np.ndarray, grows: np.ndarray) 
     the query rows once, the gallery rows a store chunk per task (on ``runner``)."""
     from dask import delayed
 
-    from ... import graph
-    from ...progress import read_work, work_key
+    from ...engine import graph
+    from ...core.progress import read_work, work_key
 
     scoring = settings.scoring(store.dim, meta)
     queries, at = np.unique(qrows, return_inverse=True)
@@ -179,7 +179,7 @@ def _section(spec: Spec, method: str, trials: list, ddof: int) -> dict:
             "method": method}
     if len(trials) == 1:
         return {**head, **trials[0]}
-    from ...spread import STATS, spread
+    from ...core.spread import STATS, spread
 
     stats = {"tar": [spread([s["points"][i]["tar"] for s in trials], ddof) for i in range(len(spec.far))],
              "achieved_far": [spread([s["points"][i]["achieved_far"] for s in trials], ddof)

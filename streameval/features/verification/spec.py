@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
-from ...choices import check_range, is_integer
-from ...errors import OptionError
-from ...plan import parse_bytes
-from ...rates import k_of, parse_rates
+from ...core.choices import check_range, is_integer
+from ...core.errors import OptionError
+from ...engine.plan import parse_bytes
+from ...core.rates import k_of, parse_rates
 
 VERIFY_OPTIONS = ("verification", "far", "auc", "tail_budget", "hist_bits")
 CLI_NAMES = {key: "--" + key.replace("_", "-") for key in VERIFY_OPTIONS}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...statistics import Field, Statistic
+from ...engine.statistic import Field, Statistic
 from .kernels import (COUNT, ENTRY, FINE_BITS, capacity, copy_entries, key_value, merge_tails,
                       pool_positives, NO_POOL, update_verify, update_verify_fast)
 

@@ -1,0 +1,157 @@
+"""Chunk sizes from a memory budget.
+
+One task scores a block of ``query_block`` queries against ``gallery_chunk`` gallery rows.  Its
+working memory is dominated by the dot-product block (query_block x gallery_chunk) and the gallery
+rows it reads (stored dtype plus the upcast copy).  ``workers`` tasks run at once, so each gets a
+``budget / (2 * workers)`` share (the other half covers the statistics' states, which
+``session.check_memory`` adds to the tasks' memory against the same budget, the query block,
+positives and the interpreter).  Nothing here depends on the gallery length except the number of tasks.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+
+from ..core.choices import check_range
+from ..core.errors import OptionError
+
+DEFAULT_MEMORY_BUDGET = 1 << 30
+MIN_GALLERY_CHUNK = 256
+MIN_QUERY_BLOCK = 256  # fewer queries per task: the gallery is re-read for every handful of queries
+TASKS_PER_WORKER = 4  # enough tasks per thread that the last round leaves little idle time
+
+# Sizes as Dask reads them (dask.utils.parse_bytes): decimal kB, MB, GB, TB = 10^3, 10^6, ...; binary
+# KiB, MiB, GiB, TiB = 2^10, 2^20, ...; a plain number is bytes.  Case is ignored; a bare K, M or G
+# is refused (Dask reads it as decimal, others as binary: it would be a guess).
+_UNITS = {"": 1, "b": 1, **{f"{prefix}b": 1000 ** power for power, prefix in enumerate("kmgtp", 1)},
+          **{f"{prefix}ib": 1024 ** power for power, prefix in enumerate("kmgtp", 1)}}
+SIZE_UNITS = "bytes, or with a unit: kB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024)"
+
+
+def parse_bytes(text) -> int:
+    """'1GiB' (2^30), '4GB' (4 * 10^9), '512MiB', '1.5kB' or a plain number (bytes) -> bytes; the
+    one parser of every size option (units as Dask reads them, SIZE_UNITS)."""
+    from fractions import Fraction
+
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not match or match.group(2).lower() not in _UNITS:
+        raise OptionError(f"cannot read a memory size from {text!r}: give {SIZE_UNITS}, e.g. 512MiB or 4GB")
+    return int(Fraction(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+@dataclass(frozen=True)
+class Plan:
+    query_block: int
+    gallery_chunk: int
+    workers: int
+    task_bytes: int = 0  # a task's working memory: its dot-product block and the gallery rows it reads
+
+    def query_ranges(self, n_query: int):
+        return _ranges(n_query, self.query_block)
+
+    def gallery_ranges(self, n_gallery: int, start: int = 0):
+        return [(a + start, b + start) for a, b in _ranges(n_gallery - start, self.gallery_chunk)]
+
+
+def _ranges(n: int, step: int):
+    return [(a, min(a + step, n)) for a in range(0, n, step)]
+
+
+def default_chunk_rows(dim: int, itemsize: int, target_bytes: int = 8 << 20) -> int:
+    """Store chunk rows for ~8 MiB chunks: a power of two in [256, 65536]."""
+    rows = max(1, target_bytes // (dim * itemsize))
+    return int(min(65536, max(256, 1 << int(math.log2(rows)))))
+
+
+def make_plan(
+    n_query: int,
+    n_gallery: int,
+    dim: int,
+    itemsize: int,
+    stored_itemsize: int,
+    store_chunk_rows: int,
+    workers: int,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    query_block: int | None = None,
+    gallery_chunk: int | None = None,
+) -> Plan:
+    """Pick (query_block, gallery_chunk); explicit values win (up to the store's sizes) but are
+    checked: in range, and a task's working memory within this machine's."""
+    for name, value in (("query_block", query_block), ("gallery_chunk", gallery_chunk), ("workers", workers),
+                        ("memory_budget", memory_budget)):
+        if value is not None:
+            check_range(value, name)
+    if query_block is not None:
+        query_block = min(query_block, n_query)  # the chunk is sized for the block the task holds
+    share = memory_budget // (2 * workers)
+    row_bytes = dim * (itemsize + stored_itemsize)
+    if query_block is None or gallery_chunk is None:
+        needed = minimum_budget(n_query, dim, itemsize, stored_itemsize, workers)
+        if memory_budget < needed:
+            raise OptionError(
+                f"a memory budget of {format_bytes(memory_budget)} is too small to plan {workers} worker(s): at least "
+                f"{format_bytes(needed)} (a {MIN_GALLERY_CHUNK}-row gallery chunk against "
+                f"{min(n_query, MIN_QUERY_BLOCK)} queries per worker), or give --query-block and --gallery-chunk"
+            )
+    if query_block is None:
+        # all queries in one block when a minimal chunk still fits: then the gallery is read once
+        query_block = max(1, min(n_query, (share - MIN_GALLERY_CHUNK * row_bytes) // (MIN_GALLERY_CHUNK * itemsize)))
+    if gallery_chunk is None:
+        fit = max(MIN_GALLERY_CHUNK, share // (query_block * itemsize + row_bytes))
+        balanced = math.ceil(n_gallery / (TASKS_PER_WORKER * workers))
+        gallery_chunk = _align(max(MIN_GALLERY_CHUNK, min(fit, balanced)), store_chunk_rows)
+    query_block, gallery_chunk = int(min(query_block, n_query)), int(min(gallery_chunk, n_gallery))
+    plan = Plan(query_block, gallery_chunk, workers, query_block * gallery_chunk * itemsize + gallery_chunk * row_bytes)
+    _check_task_memory(plan)
+    return plan
+
+
+def _check_task_memory(plan: Plan) -> None:
+    """Refuse a task whose dot-product block and gallery rows exceed this machine's memory: it would
+    swap or be killed after minutes instead of failing now."""
+    memory = physical_memory()
+    if memory is not None and plan.task_bytes > memory:
+        raise OptionError(
+            f"a task of {plan.query_block:,} queries x {plan.gallery_chunk:,} gallery rows needs about "
+            f"{format_bytes(plan.task_bytes)}, more than this machine's memory ({format_bytes(memory)}): give a smaller "
+            "--query-block / --gallery-chunk or --memory-budget"
+        )
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes; None where the system does not say (not POSIX)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def minimum_budget(n_query: int, dim: int, itemsize: int, stored_itemsize: int, workers: int) -> int:
+    """The smallest budget that plans sensibly: each worker holds a minimal gallery chunk (stored and
+    upcast) and its dot products with a block of MIN_QUERY_BLOCK queries (or all of them), doubled
+    as ``make_plan`` shares it."""
+    per_worker = MIN_GALLERY_CHUNK * (dim * (itemsize + stored_itemsize) + min(n_query, MIN_QUERY_BLOCK) * itemsize)
+    return 2 * workers * per_worker
+
+
+def format_bytes(n: int) -> str:
+    for unit, size in (("PiB", 1 << 50), ("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _align(rows: int, store_chunk_rows: int) -> int:
+    """Round to whole store chunks (each chunk read by one task), or to a power-of-two fraction of
+    one when a store chunk is larger than the budget allows."""
+    if rows >= store_chunk_rows:
+        return (rows // store_chunk_rows) * store_chunk_rows
+    fraction = store_chunk_rows
+    while fraction > rows and fraction > MIN_GALLERY_CHUNK:
+        fraction //= 2
+    return fraction

@@ -1,0 +1,101 @@
+"""Block sources: where the passes' distances come from (``Scoring.source``, one object per run).
+
+The passes (``graph``) ask a source, never how it makes them: ``prepare`` the float64 terms and
+norms of rows read for scoring (refusing rows it cannot score exactly); a ``block`` of values of
+(query rows, the part's rows [start, stop)), each within the window ``kernels.distance_window`` gives
+with the source's ``metric`` and ``c_dot`` (``c_refine`` after ``kernels.refined_dots``); what
+``kernels.canonical_distance`` reads to recompute a pair exactly (``exact``); and the exact distances
+of listed pairs (``pair_distances``).  ``FeatureSource`` makes the values by GEMMs of the features,
+``StoredSource`` reads a distance store's.  Another source (distances re-ranked from a first-stage
+source, a GEMM on an accelerator) is another class with these members, chosen in ``block_source``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import kernels, scratch
+from ..core.errors import OptionError, StoreError
+from ..store import FeatureSet, read_rows, row_number
+
+
+def block_source(metric: str, dim: int, precision):
+    """The source of a run's distances: a distance store's own (its kind as the metric), else the
+    features' GEMM in the working precision ``precision``."""
+    code = kernels.METRIC_CODES[metric]
+    if code == kernels.PRECOMPUTED:
+        return StoredSource()
+    return FeatureSource(code, kernels.dot_error_bound(dim, precision), kernels.dot_error_bound(dim, np.float64))
+
+
+@dataclass(frozen=True)
+class FeatureSource:
+    """Distances of the rows' features: a GEMM per block in the working precision, within
+    ``c_dot`` |q| |g| of the canonical dot products (``kernels`` module docstring)."""
+
+    metric: int  # kernels' metric code
+    c_dot: float  # the GEMM's dot error bound (``kernels.dot_error_bound``)
+    c_refine: float  # ``kernels.refined_dots``' (float64)
+
+    def prepare(self, fs: FeatureSet, rows, features: np.ndarray) -> tuple:
+        terms = kernels.row_terms(features, self.metric)
+        if self.metric == kernels.COSINE and not terms.all():
+            row = row_number(rows, int(np.flatnonzero(terms == 0)[0]))
+            raise StoreError(f"{fs.name} row {row} is an all-zero feature vector: its cosine distance is undefined")
+        norms = terms if self.metric == kernels.COSINE else np.sqrt(terms)
+        bad = kernels.first_out_of_range(norms, features.dtype)
+        if bad is not None:  # its dot products would overflow or underflow in the GEMM: silently wrong numbers
+            lo, hi = kernels.NORM_RANGE[features.dtype]
+            raise OptionError(
+                f"{fs.name} row {row_number(rows, bad)} has norm {norms[bad]:.3g}, outside [{lo:.3g}, {hi:.3g}] "
+                f"where {features.dtype} dot products neither overflow nor underflow; evaluate with --precision "
+                "float64 (precision='float64')")
+        return terms, norms
+
+    def block(self, part, start: int, stop: int, queries, chunk, rows: slice) -> np.ndarray:
+        """The GEMM, into this thread's scratch buffer (valid until the next block)."""
+        a = queries.features[rows]
+        out = scratch.buffer("dots", a.dtype, (a.shape[0], chunk.features.shape[0]))
+        return np.matmul(a, chunk.features.T, out=out)
+
+    def exact(self, qf: np.ndarray, values: np.ndarray) -> np.ndarray:
+        return qf
+
+    def pair_distances(self, part, start: int, stop: int, queries, qrows: np.ndarray, grows: np.ndarray) -> np.ndarray:
+        """Canonical distances (the part's rows' features read)."""
+        features = read_rows(part.fs, slice(start, stop), queries.features.dtype)[0]
+        terms = self.prepare(part.fs, slice(start, stop), features)[0]
+        return kernels.pair_distances(queries.features, features, qrows, grows, queries.terms, terms, self.metric)
+
+
+@dataclass(frozen=True)
+class StoredSource:
+    """A distance store's values (similarities negated: ``store.distances``): exact as read, so a
+    pair's window is zero and its canonical distance is its own value."""
+
+    metric: int = kernels.PRECOMPUTED
+    c_dot: float = 0.0
+    c_refine: float = 0.0
+
+    def prepare(self, fs: FeatureSet, rows, features: np.ndarray) -> tuple:
+        zeros = np.zeros(features.shape[0])
+        return zeros, zeros
+
+    def block(self, part, start: int, stop: int, queries, chunk, rows: slice) -> np.ndarray:
+        return self.read(part, start, stop, queries.index[rows])
+
+    def exact(self, qf: np.ndarray, values: np.ndarray) -> np.ndarray:
+        return values
+
+    def pair_distances(self, part, start: int, stop: int, queries, qrows: np.ndarray, grows: np.ndarray) -> np.ndarray:
+        return self.read(part, start, stop, queries.index)[qrows, grows]
+
+    @staticmethod
+    def read(part, start: int, stop: int, query_index: np.ndarray) -> np.ndarray:
+        """The float64 distances of the queries (rows ``query_index``) to the part's rows [start, stop)."""
+        first = int(query_index[0]) if query_index.size else 0
+        contiguous = np.array_equal(query_index, np.arange(first, first + query_index.size))
+        rows = slice(first, first + query_index.size) if contiguous else query_index
+        return part.fs.reader.read(part.fs, rows, start, stop)

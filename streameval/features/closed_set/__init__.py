@@ -1,0 +1,2 @@
+"""The closed-set metrics every run computes (docs/metrics.md): ranking slots, CMC, AP, INP, per
+trial."""

@@ -1,0 +1,170 @@
+"""GOM threshold histograms (docs/metrics.md#5-open-set-metrics-gom): per query and trial, its negatives counted by
+the first threshold tau_k that returns them (k = N + 1: never).  Additive over gallery rows.
+
+With ``fixed`` normalisation two diagnostics ride along (``clipping``): the negatives
+(of any trial) whose d~ was clipped below LO / above HI, and each query's min / max canonical
+distance over all its pairs (what ``minmax`` would take).
+
+Bins are decided on the fast distance unless its window (``c_bins``, ``kernels.bin_error_bound``)
+straddles a threshold or LO / HI; then on the canonical distance.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from ...engine import kernels
+from ...engine.kernels import U64, canonical_distance, clip_side, distance_window, normalise, threshold_bin
+from ...engine.statistic import Field, Statistic
+from ...engine.block import kept_bits, row_distances, trial_bit, widest
+
+_jit = nb.njit(nogil=True, cache=True)
+_inline = nb.njit(nogil=True, cache=True, inline="always")
+
+
+@_inline
+def _row_bins(blk, i, c_bins, norm_mode, lo, span, n_bins, sides, dist, bins):
+    """bins[j]: the threshold that first returns row j of query i; ``dist`` (row i's distances,
+    a copy) gets the canonical distance where that decided the bin."""
+    for j in range(dist.shape[0]):
+        w = distance_window(dist[j], blk.qn[i], blk.gn[j], blk.metric, c_bins)
+        k = threshold_bin(normalise(dist[j] - w, norm_mode, lo, span), n_bins)
+        if (k != threshold_bin(normalise(dist[j] + w, norm_mode, lo, span), n_bins)) | (
+                sides and clip_side(dist[j] - w, lo, span) != clip_side(dist[j] + w, lo, span)):
+            dist[j] = canonical_distance(blk.qf, blk.gf, i, j, blk.qa[i], blk.ga[j], blk.metric)
+            k = threshold_bin(normalise(dist[j], norm_mode, lo, span), n_bins)
+        bins[j] = k
+
+
+@_inline
+def _count_clipped(kept, dist, lo, span, clipped):
+    """Add a row's negatives (nonzero ``kept``: ``kept_bits``) below LO and above HI
+    (``clip_side``), and all of them, to ``clipped``."""
+    below = 0
+    above = 0
+    negatives = 0
+    for j in range(dist.shape[0]):
+        negative = kept[j] != 0
+        side = clip_side(dist[j], lo, span)
+        below += negative & (side < 0)
+        above += negative & (side > 0)
+        negatives += negative
+    clipped[0] += below
+    clipped[1] += above
+    clipped[2] += negatives
+
+
+@_inline
+def _settle_extremes(blk, i, dist, gn_max, low_out, high_out):
+    """Lower ``low_out[i]`` / raise ``high_out[i]`` to row i's canonical min / max distance.
+
+    The pair with the canonical minimum has a fast distance within its window of it, hence within
+    two windows of the fast minimum: those pairs are settled canonically, unless none of them can
+    lower the minimum so far (the same for the maximum).  ``reach`` bounds every window involved: a
+    window shrinks as the fast distance grows (but for its 4u d term, bounded at the row's
+    maximum), so the one at the fast minimum with the largest gallery norm is the widest.
+    """
+    low, high = kernels._extremes(dist)
+    reach = distance_window(low, blk.qn[i], gn_max, blk.metric, blk.c_dot) + 4.0 * U64 * high
+    if low - reach < low_out[i]:
+        for j in range(dist.shape[0]):
+            if dist[j] <= low + 2.0 * reach:
+                low_out[i] = min(low_out[i], canonical_distance(blk.qf, blk.gf, i, j, blk.qa[i], blk.ga[j], blk.metric))
+    if high + reach > high_out[i]:
+        for j in range(dist.shape[0]):
+            if dist[j] >= high - 2.0 * reach:
+                high_out[i] = max(high_out[i], canonical_distance(blk.qf, blk.gf, i, j, blk.qa[i], blk.ga[j], blk.metric))
+
+
+LANES = 4  # interleaved sub-histograms: consecutive pairs in one bin would wait on each other's increment
+
+
+@_jit
+def update_hist(blk, c_bins, norm_mode, lo, span, n_bins, t_first, t_stop, hist, clipped, range_low, range_high):
+    """hist[i, t, k] += trial-t negatives of query i first returned at tau_k, for trials
+    [t_first, t_stop) (those sharing this normalisation); with fixed normalisation (``clipped``
+    has rows) also the clipping diagnostics.
+
+    A row at a time: its distances and bins in loops that vectorise, the trial bits of its kept
+    negatives, then per trial a count into ``LANES`` sub-histograms added into ``hist``."""
+    n_rows, n_cols = blk.dots.shape
+    dist = np.empty(n_cols, dtype=np.float64)
+    bins = np.empty(n_cols, dtype=np.int64)
+    kept = np.empty(n_cols, dtype=np.uint64)
+    lanes = np.zeros((LANES, hist.shape[2]), dtype=np.int64)
+    sides = clipped.shape[0] > 0
+    gn_max = widest(blk)  # once a block: a row loop taking it scanned the chunk per query
+    for i in range(n_rows):
+        row_distances(blk, i, dist)
+        if c_bins == 0.0:
+            for j in range(n_cols):
+                bins[j] = threshold_bin(normalise(dist[j], norm_mode, lo, span), n_bins)
+        else:
+            _row_bins(blk, i, c_bins, norm_mode, lo, span, n_bins, sides, dist, bins)
+        kept_bits(blk, i, kept)
+        for t in range(t_first, t_stop):
+            _count_lanes(bins, kept, t, lanes)
+            for k in range(hist.shape[2]):
+                hist[i, t, k] += lanes[0, k] + lanes[1, k] + lanes[2, k] + lanes[3, k]
+            lanes[:] = 0
+        if sides and n_cols:
+            _count_clipped(kept, dist, lo, span, clipped[i])
+            _settle_extremes(blk, i, dist, gn_max, range_low, range_high)
+
+
+@_inline
+def _count_lanes(bins, kept, t, lanes):
+    """lanes[j % LANES, bins[j]] += 1 for the rows j whose ``kept`` bits hold trial t."""
+    m = bins.shape[0] - bins.shape[0] % LANES
+    for j0 in range(0, m, LANES):
+        for k in range(LANES):
+            lanes[k, bins[j0 + k]] += trial_bit(kept[j0 + k], t)
+    for j in range(m, bins.shape[0]):
+        lanes[0, bins[j]] += trial_bit(kept[j], t)
+
+
+class GomHist(Statistic):
+    name = "gom"
+
+    def __init__(self, n_trials: int, bins: int, fixed: bool, c_bins: float):
+        rows = 1 if fixed else 0  # the clipping diagnostics only exist with fixed normalisation
+        self.fields = {
+            "hist": Field("query", np.int64, (n_trials, bins + 2)),
+            "clipped": Field("query", np.int64, (3 * rows,)),  # below LO, above HI, negatives
+            "range_low": Field("query", np.float64, (rows,), np.inf, "min"),
+            "range_high": Field("query", np.float64, (rows,), -np.inf, "max"),
+        }
+        self.bins, self.fixed, self.c_bins = bins, fixed, c_bins
+        self.option = ("--gom-bins", bins, "bins", 8 * n_trials, "query")  # a histogram column per trial
+
+    def update(self, blk, rows: slice, state: dict, aux, run) -> None:
+        clipped = state["clipped"] if self.fixed else np.empty((0, 3), np.int64)
+        low = state["range_low"][:, 0] if self.fixed else np.empty(0)
+        high = state["range_high"][:, 0] if self.fixed else np.empty(0)
+        n_trials = len(run.norms)
+        shared = all(norm == run.norms[0] for norm in run.norms)  # minmax with trials: one range per trial
+        for t_first, t_stop in [(0, n_trials)] if shared else [(t, t + 1) for t in range(n_trials)]:
+            norm = run.norms[t_first]
+            update_hist(blk, self.c_bins, norm.mode, norm.lo, norm.span, self.bins, t_first, t_stop, state["hist"],
+                        clipped, low, high)
+            clipped, low, high = clipped[:0], low[:0], high[:0]  # the diagnostics once
+
+
+def clipping(state, lo: float, hi: float) -> dict:
+    """What fixed GOM normalisation to [lo, hi] clipped, from a ``state.QueryState``: the pairs GOM
+    thresholds (positives, from their exact distances, and negatives of any trial; junk is not
+    thresholded) below LO and above HI, out of ``pairs``, and the range of all pairs' distances, the
+    one minmax would take (None without pairs)."""
+    lo, span = float(lo), float(hi) - float(lo)
+    dist = state.positives.dist
+    arrays = state.stats.arrays
+    low = arrays["gom/range_low"].min(initial=np.inf)
+    high = arrays["gom/range_high"].max(initial=-np.inf)
+    return {
+        "below": int(arrays["gom/clipped"][:, 0].sum() + (dist < lo).sum()),  # as kernels.clip_side
+        "above": int(arrays["gom/clipped"][:, 1].sum() + (dist - lo > span).sum()),
+        "pairs": int(arrays["gom/clipped"][:, 2].sum() + dist.shape[0]),
+        "observed_min": float(low) if low <= high else None,
+        "observed_max": float(high) if low <= high else None,
+    }

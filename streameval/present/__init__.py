@@ -1,0 +1,2 @@
+"""Layer 6: what users read: the terminal report and pasted tables, aggregates of runs, plots,
+ranked-list pages."""

@@ -1,0 +1,2 @@
+"""Layer 4: one run: settings, the session, the one pipeline (passes -> state -> result),
+``evaluate``, incremental ``update`` and saved states."""

@@ -1,0 +1,1 @@
+"""Store makers: ``synth`` (synthetic problems) and ``convert`` (the files users have -> a store)."""
