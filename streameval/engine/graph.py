@@ -13,7 +13,7 @@ A scoring task asks the run's block source (``sources``: a GEMM of the features,
 values) for one block of values per query sub-block and runs every requested statistic on it
 (``statistics``); trials are bits of each row (``Metadata``), counted in the same pass.
 ``build`` chains the passes over the whole gallery (one graph: the scoring tasks wait for the
-positives and, with ``minmax``, for the per-trial ranges).  Incremental updates (``incremental.py``) run the
+positives and, with ``minmax``, for the per-trial ranges).  Incremental updates (``run/incremental.py``) run the
 passes over the new rows and over the old rows of a subset of the queries.
 
 Tasks receive the store's arrays (not data) and read their own gallery rows, so nothing but small

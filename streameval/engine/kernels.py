@@ -30,7 +30,7 @@ Precision limits.  A float32 GEMM overflows on rows of huge norm and loses its p
 on rows of tiny norm, both silently.  ``NORM_RANGE`` is the range of nonzero row norms for which the
 bound ``dot_error_bound`` holds (derived there); ``graph.load_rows`` refuses a row outside it.
 
-The statistics' chunk updates (``statistics/``) are built from the helpers here.
+The statistics' chunk updates (``engine/block.py``, ``features/*/statistic.py``) are built from the helpers here.
 
 Start-up.  Kernels are compiled once and cached on disk (``cache=True``).  In a new process the
 first kernel call initialises numba's compiler context (~0.15 s, pure Python); loading a cached
@@ -54,7 +54,7 @@ def _versioned_cache() -> None:
     """Put numba's on-disk cache in a folder named after a hash of every kernel module's source.
 
     numba checks a cached kernel against its own file's time stamp only, but kernels inline helpers
-    of other modules (this one's into ``statistics/``): after one of those changes alone - a ``git
+    of other modules (this one's into the features' statistics): after one of those changes alone - a ``git
     pull`` into an editable install - a cached caller would keep the old helper and give wrong
     numbers without a word.  A changed source now means a new folder, so every kernel is compiled
     afresh.  The folder is in NUMBA_CACHE_DIR when the user set it, else in the package's
@@ -82,7 +82,7 @@ def _cache_root(package: Path, user_choice: str) -> Path | None:
     return None
 
 
-_versioned_cache()  # before any kernel below or in statistics/ is decorated
+_versioned_cache()  # before any kernel below or in a statistic is decorated
 
 SQEUCLIDEAN, EUCLIDEAN, COSINE, PRECOMPUTED = 0, 1, 2, 3
 # A distance store's values are the distances (similarities negated when read): its "metric".

@@ -6,7 +6,7 @@
 * :class:`QueryState` - both for every query, plus the distance ranges of ``minmax`` GOM: what
   ``metrics`` turns into numbers and what ``statestore`` persists for incremental updates.
 
-Ratios are only formed at the end (``metrics.py``, ``gom.py``).  Positives and slot counts are CSR
+Ratios are only formed at the end (the features' finalisation: ``features/closed_set/metrics.py``, ``features/gom/finalise.py``).  Positives and slot counts are CSR
 arrays indexed by ``offsets``; ``take`` / ``scatter`` move whole queries between layouts.
 """
 

@@ -1,5 +1,5 @@
 """What one evaluation produced: :class:`Result` (its values, per query and per trial, and how the
-run went) and its dictionary for JSON.  The closed-set values are computed in ``closed_set.py``."""
+run went) and its dictionary for JSON.  The closed-set values are computed in ``features/closed_set/metrics.py``."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ class Result:
     trials: dict | None = None  # per trial (or sgs repeat) values and their spread; headline = means
     directions: dict | None = None  # regdb: each direction's result (to_dict(per_query=True) of each)
     ranked_lists: object = None  # ranked.RankedLists with ranked_list=K: records, worst and best queries
-    open_set: dict | None = None  # with open_set=True: DIR@FPIR (docs/options.md#the-json-result, openset.py)
-    verification: dict | None = None  # with verification=True: TAR@FAR, AUC, ROC (docs/options.md#the-json-result, verification.py)
+    open_set: dict | None = None  # with open_set=True: DIR@FPIR (docs/options.md#the-json-result, features/open_set/)
+    verification: dict | None = None  # with verification=True: TAR@FAR, AUC, ROC (docs/options.md#the-json-result, features/verification/)
     warnings: list = field(default_factory=list)  # what the numbers may hide, e.g. a protocol keeping few queries
 
     def rank(self, k: int) -> float | None:
