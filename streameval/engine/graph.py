@@ -312,7 +312,7 @@ def positives_pass(query: FeatureSet, parts: tuple, plan: Plan, scoring: Scoring
     return blocks
 
 
-def first_pass(parts: tuple, plan: Plan, scoring: Scoring, meta, blocks, sizes: list, start: int = 0):
+def range_pass(parts: tuple, plan: Plan, scoring: Scoring, meta, blocks, sizes: list, start: int = 0):
     """The range pass over extended rows [start, end): per trial, the delayed DistanceRange of every
     pair of the blocks' queries (``positives_pass``), their positives' distances included.  Chains
     of chunks per worker, as the scoring pass: O(workers) ranges alive, not one per chunk."""
@@ -369,7 +369,7 @@ def build(query: FeatureSet, parts: tuple, plan: Plan, scoring: Scoring, meta: M
     blocks = positives_pass(query, parts, plan, scoring, meta)
     sizes = [block_size(rows) for rows in query_blocks(plan, None, len(query))]
     minmax = scoring.scale is not None and scoring.scale.norm == "minmax"
-    dist_ranges = first_pass(parts, plan, scoring, meta, blocks, sizes) if minmax else None
+    dist_ranges = range_pass(parts, plan, scoring, meta, blocks, sizes) if minmax else None
     pools = any(getattr(stat, "pools", False) for stat in scoring.statistics)
     everyone = delayed(pooled)(scoring.statistics, *[positives for _, positives in blocks]) if pools else {}
     run = delayed(PassContext)(delayed(normalisations)(scoring.scale, dist_ranges, scoring.n_trials), meta, everyone)

@@ -123,7 +123,7 @@ def advance(store: Store, settings: Settings, runner: Runner, saved: QueryState)
     plan, n0, n1 = runner.plan, old.gallery_rows, graph.extended_rows(parts)
     blocks = graph.positives_pass(store.query, parts, plan, scoring, meta, start=n0)
     sizes = [graph.block_size(rows) for rows in graph.query_blocks(plan, None, len(store.query))]
-    new_range = graph.first_pass(parts, plan, scoring, meta, blocks, sizes, start=n0) if settings.minmax else None
+    new_range = graph.range_pass(parts, plan, scoring, meta, blocks, sizes, start=n0) if settings.minmax else None
     runner.expect("scoring", graph.scoring_work(store.query, parts, plan, len(store.query), n0, n1))
     found, new_range = runner.compute(delayed(tuple)([[positives for _, positives in blocks], new_range]))
     new_positives = Positives.concat(found)
