@@ -293,9 +293,10 @@ def test_public_names_load_on_first_use_and_stay_functions():
 
 @pytest.fixture(scope="module")
 def long_store(tmp_path_factory):
-    """A store whose passes last long enough (about a second here) to be stopped while they run."""
+    """A store whose passes last long enough (seconds here, a second on a fast machine) to be stopped
+    while they run, whatever moment the test picks."""
     path = tmp_path_factory.mktemp("long") / "s.zarr"
-    synthesize(path, n_query=1000, n_gallery=10000, dim=32, n_ids=200, n_cams=4, seed=3)
+    synthesize(path, n_query=2000, n_gallery=50000, dim=32, n_ids=400, n_cams=4, seed=3)
     return str(path)
 
 
@@ -313,9 +314,9 @@ def npy_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("npy") / "features"
     folder.mkdir()
     rng = np.random.default_rng(4)
-    for prefix, n in (("q", 1000), ("g", 10000)):
+    for prefix, n in (("q", 2000), ("g", 50000)):
         np.save(folder / f"{prefix}f.npy", rng.standard_normal((n, 32)).astype(np.float32))
-        np.save(folder / f"{prefix}_pids.npy", rng.integers(0, 200, n))
+        np.save(folder / f"{prefix}_pids.npy", rng.integers(0, 400, n))
         np.save(folder / f"{prefix}_camids.npy", rng.integers(0, 4, n))
     return folder
 
