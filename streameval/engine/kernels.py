@@ -273,6 +273,69 @@ def refined_dots(qf, gf, qrows, grows):
     return out
 
 
+# Sorted lists of keys (distance, row) and the max-heap of their bounds: the ranked lists' and the
+# kNN pass's top-k.
+@_inline
+def key_before(d, g, d_ref, g_ref):
+    """Whether key (d, g) comes before (d_ref, g_ref): by distance, ties by row."""
+    return (d < d_ref) | ((d == d_ref) & (g < g_ref))
+
+
+@_inline
+def insert_key(keys, d, g):
+    """Put (d, g) into the sorted list ``keys`` if it comes before its last entry (which drops out)."""
+    m = keys.shape[0] - 1
+    if not key_before(d, g, keys[m, 0], keys[m, 1]):
+        return
+    while m > 0 and key_before(d, g, keys[m - 1, 0], keys[m - 1, 1]):
+        keys[m, 0] = keys[m - 1, 0]
+        keys[m, 1] = keys[m - 1, 1]
+        m -= 1
+    keys[m, 0] = d
+    keys[m, 1] = g
+
+
+@_inline
+def push_bound(heap, value):
+    """Put ``value`` into the max-heap ``heap`` of the k smallest bounds if it is below the largest
+    (the root, which drops out): O(log k) where a sorted insertion costs O(k)."""
+    if not value < heap[0]:
+        return
+    n = heap.shape[0]
+    m = 0
+    while True:
+        child = 2 * m + 1
+        if child >= n:
+            break
+        if child + 1 < n and heap[child + 1] > heap[child]:
+            child += 1
+        if not heap[child] > value:
+            break
+        heap[m] = heap[child]
+        m = child
+    heap[m] = value
+
+
+@_jit
+def merge_smallest(a, b):
+    """Per query, the k smallest keys of the union of lists ``a`` and ``b`` (over disjoint rows)."""
+    out = np.empty_like(a)
+    k = a.shape[1]
+    for i in range(a.shape[0]):
+        x = 0
+        y = 0
+        for m in range(k):
+            if key_before(b[i, y, 0], b[i, y, 1], a[i, x, 0], a[i, x, 1]):
+                out[i, m, 0] = b[i, y, 0]
+                out[i, m, 1] = b[i, y, 1]
+                y += 1
+            else:
+                out[i, m, 0] = a[i, x, 0]
+                out[i, m, 1] = a[i, x, 1]
+                x += 1
+    return out
+
+
 @_inline
 def positives_before(pos_d, pos_g, lo, hi, d, g):
     """Number of positives in pos[lo:hi] ordered before the item (d, g): a lower bound search."""

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba as nb
 import numpy as np
+from dask import delayed
+
+from . import graph, kernels, sources
+from ..core.progress import work_key
+from ..store import read_rows
 
 
 @dataclass(frozen=True)
@@ -29,3 +35,155 @@ class Neighbours:
     @property
     def k(self) -> int:
         return self.index.shape[1]
+
+
+def neighbour_pass(sets: tuple, k: int, metric: str, runner, dtype) -> Neighbours:
+    """Each U row's exact top-``k`` and farthest distance under ``metric`` (an engine metric name),
+    U = the rows of ``sets`` in order: one U x U pass on ``runner`` (query blocks of U, chains of
+    chunks per worker, the lists merged as sorted keys), GEMMs in ``dtype`` settled exactly."""
+    source = sources.block_source(metric, sets[0].dim, dtype)
+    parts = u_parts(sets)
+    chunks = graph.gallery_chunks(runner.plan, parts)
+    work = 0
+    blocks = []
+    for part in parts:
+        for a, b in runner.plan.query_ranges(len(part.fs)):
+            rows = delayed(u_rows)(part, a, b, source, dtype)
+            chains = [None] * max(1, min(runner.plan.workers, len(chunks)))
+            for i, (other, c, e) in enumerate(chunks):
+                cost = graph.distance_work(other.fs, b - a, c, e)
+                work += cost
+                chains[i % len(chains)] = delayed(nearest_in_chunk)(
+                    other, c, e, rows, source, dtype, k, chains[i % len(chains)],
+                    dask_key_name=work_key("neighbours", cost))
+            blocks.append(graph.tree_reduce(chains, merge_found))
+    runner.expect("neighbours", work)
+    found = runner.compute(delayed(list)(blocks))
+    keys = np.concatenate([keys for keys, _, _ in found])
+    return Neighbours(keys[:, :, 1].astype(np.int64), np.ascontiguousarray(keys[:, :, 0]),
+                      np.concatenate([far for _, far, _ in found]), metric, sum(n for _, _, n in found))
+
+
+def u_parts(sets: tuple) -> tuple:
+    """The sets as consecutive runs of U rows."""
+    offsets = np.cumsum([0] + [len(fs) for fs in sets])
+    return tuple(graph.Part(fs, int(offset)) for fs, offset in zip(sets, offsets))
+
+
+def u_rows(part, start: int, stop: int, source, dtype) -> graph.Rows:
+    """The part's rows [start, stop) read and prepared (their U rows in ``index``)."""
+    features, pids, camids = read_rows(part.fs, slice(start, stop), dtype)
+    terms, norms = source.prepare(part.fs, slice(start, stop), features)
+    index = np.arange(start, stop, dtype=np.int64) + part.offset
+    return graph.Rows(features, terms, norms, pids, camids, index, np.zeros(0, np.uint64))
+
+
+def nearest_in_chunk(part, start: int, stop: int, rows: graph.Rows, source, dtype, k: int, before):
+    """``before`` (keys (n, k, 2), farthest (n,), pairs settled) or empty lists, with the part's rows
+    [start, stop) added."""
+    if before is None:
+        keys = np.full((len(rows.index), k, 2), np.inf)
+        far, settled = np.full(len(rows.index), -np.inf), 0
+    else:
+        keys, far, settled = before[0].copy(), before[1].copy(), before[2]
+    chunk = u_rows(part, start, stop, source, dtype)
+    bounds = np.empty(k)
+    for first in range(0, len(rows.index), graph.QUERY_SUB_BLOCK):
+        sub = slice(first, first + graph.QUERY_SUB_BLOCK)
+        dots = source.block(part, start, stop, rows, chunk, sub)
+        settled += nearest_update(dots, rows.features[sub], chunk.features, rows.terms[sub], chunk.terms,
+                                  rows.norms[sub], chunk.norms, rows.index[sub], chunk.index, source.metric,
+                                  source.c_dot, keys[sub], far[sub], bounds)
+    return keys, far, settled
+
+
+def merge_found(a, b):
+    return kernels.merge_smallest(a[0], b[0]), np.maximum(a[1], b[1]), a[2] + b[2]
+
+
+@nb.njit(nogil=True, cache=True)
+def nearest_update(dots, qf, gf, qa, ga, qn, gn, q_index, g_index, metric, c_dot, keys, far, bounds):
+    """Add a block's rows to each query row's list ``keys[i]`` (k smallest (distance, U row)) and
+    exact farthest distance ``far[i]``; returns the pairs whose canonical distance was computed.
+
+    Two scans per row, testing fast distances (within ``kernels.distance_window``) first: the k-th
+    smallest upper bound U over the list and the block (a max-heap), and the largest lower bound F
+    over the farthest so far and the block; then the canonical distance of every row whose lower
+    bound is at most U (it may enter the list) or whose upper bound is at least F (it may be the
+    farthest).  A row's distance to itself is 0."""
+    settled = 0
+    for i in range(dots.shape[0]):
+        k = bounds.shape[0]
+        for m in range(k):  # the list's distances, descending: a max-heap
+            bounds[m] = keys[i, k - 1 - m, 0]
+        lowest = far[i]
+        for j in range(dots.shape[1]):
+            d = kernels.pair_distance(dots[i, j], qa[i], ga[j], metric)
+            w = kernels.distance_window(d, qn[i], gn[j], metric, c_dot)
+            kernels.push_bound(bounds, d + w)
+            lowest = max(lowest, d - w)
+        cut = bounds[0]
+        for j in range(dots.shape[1]):
+            d = kernels.pair_distance(dots[i, j], qa[i], ga[j], metric)
+            w = kernels.distance_window(d, qn[i], gn[j], metric, c_dot)
+            if (d - w <= cut) | (d + w >= lowest):
+                exact = 0.0
+                if q_index[i] != g_index[j]:
+                    exact = kernels.canonical_distance(qf, gf, i, j, qa[i], ga[j], metric)
+                settled += 1
+                kernels.insert_key(keys[i], exact, np.float64(g_index[j]))
+                far[i] = max(far[i], exact)
+    return settled
+
+
+def read_u_rows(sets: tuple, rows: np.ndarray, dtype) -> np.ndarray:
+    """Features of the U rows ``rows`` (any order, repeats allowed), reading only their chunks."""
+    parts = u_parts(sets)
+    out = np.empty((rows.shape[0], sets[0].dim), dtype=dtype)
+    for part in parts:
+        inside = np.flatnonzero((rows >= part.offset) & (rows < part.offset + len(part.fs)))
+        if inside.size:
+            wanted, back = np.unique(rows[inside] - part.offset, return_inverse=True)
+            out[inside] = read_rows(part.fs, wanted, dtype)[0][back]
+    return out
+
+
+def pair_distances(sets: tuple, metric: str, dtype, first: np.ndarray, second: np.ndarray, runner) -> np.ndarray:
+    """Canonical distances of the U pairs (first[m], second[m]) (0 for a row with itself): a pass over
+    U per block of ``first`` rows (``runner``'s query blocks), each chunk of U read once per block,
+    so memory stays a block and a chunk whatever the pairs."""
+    source = sources.block_source(metric, sets[0].dim, dtype)
+    order = np.lexsort((second, first))
+    first, second = first[order], second[order]
+    parts = u_parts(sets)
+    n = parts[-1].offset + len(parts[-1].fs)
+    tasks = []
+    for a, b in runner.plan.query_ranges(n):
+        lo, hi = np.searchsorted(first, [a, b])
+        if lo < hi:
+            tasks.append(delayed(block_pair_distances)(sets, source, dtype, first[lo:hi], second[lo:hi], runner.plan))
+    out = np.empty(first.shape[0])
+    out[order] = np.concatenate(runner.compute(delayed(list)(tasks))) if tasks else np.empty(0)
+    return out
+
+
+def block_pair_distances(sets: tuple, source, dtype, first: np.ndarray, second: np.ndarray, plan) -> np.ndarray:
+    """``pair_distances`` of pairs whose first rows lie in one block: those rows read once, then the
+    second rows chunk by chunk."""
+    rows = np.unique(first)
+    qf = read_u_rows(sets, rows, dtype)
+    qa = source.prepare(sets[0], rows, qf)[0]
+    at = np.searchsorted(rows, first)
+    out = np.empty(first.shape[0])
+    by_second = np.argsort(second, kind="stable")
+    n = int(sum(len(fs) for fs in sets))
+    for c, e in plan.gallery_ranges(n):
+        lo, hi = np.searchsorted(second[by_second], [c, e])
+        if lo == hi:
+            continue
+        picked = by_second[lo:hi]
+        gf = read_u_rows(sets, np.arange(c, e), dtype)
+        ga = source.prepare(sets[0], slice(c, e), gf)[0]
+        out[picked] = kernels.pair_distances(qf, gf, at[picked], second[picked] - c, qa, ga, source.metric)
+    out[first == second] = 0.0
+    return out

@@ -32,46 +32,6 @@ _inline = nb.njit(nogil=True, cache=True, inline="always")
 
 
 @_inline
-def _before(d, g, d_ref, g_ref):
-    return (d < d_ref) | ((d == d_ref) & (g < g_ref))
-
-
-@_inline
-def _insert(keys, d, g):
-    """Put (d, g) into the sorted list ``keys`` if it comes before its last entry (which drops out)."""
-    m = keys.shape[0] - 1
-    if not _before(d, g, keys[m, 0], keys[m, 1]):
-        return
-    while m > 0 and _before(d, g, keys[m - 1, 0], keys[m - 1, 1]):
-        keys[m, 0] = keys[m - 1, 0]
-        keys[m, 1] = keys[m - 1, 1]
-        m -= 1
-    keys[m, 0] = d
-    keys[m, 1] = g
-
-
-@_inline
-def _push_bound(heap, value):
-    """Put ``value`` into the max-heap ``heap`` of the k smallest bounds if it is below the largest
-    (the root, which drops out): O(log k) where a sorted insertion costs O(k)."""
-    if not value < heap[0]:
-        return
-    n = heap.shape[0]
-    m = 0
-    while True:
-        child = 2 * m + 1
-        if child >= n:
-            break
-        if child + 1 < n and heap[child + 1] > heap[child]:
-            child += 1
-        if not heap[child] > value:
-            break
-        heap[m] = heap[child]
-        m = child
-    heap[m] = value
-
-
-@_inline
 def _window(blk, i, j):
     return kernels.distance_window(blk.dist[i, j], blk.qn[i], blk.gn[j], blk.metric, blk.c_dot)
 
@@ -140,7 +100,7 @@ def _update(blk, t, member, keys, ceilings, bounds):
             if blk.dist[i, j] >= cut:  # its upper bound (distance plus window) cannot be below U
                 continue
             if member(blk, i, j, t):
-                _push_bound(bounds, blk.dist[i, j] + _window(blk, i, j))
+                kernels.push_bound(bounds, blk.dist[i, j] + _window(blk, i, j))
                 cut = min(bounds[0], ceilings[i])
         limit = _reach(blk, i, cut, gn_max)
         for j in range(blk.dist.shape[1]):
@@ -151,7 +111,7 @@ def _update(blk, t, member, keys, ceilings, bounds):
                 exact = blk.dist[i, j]
                 if w != 0.0:
                     exact = kernels.canonical_distance(blk.qf, blk.gf, i, j, blk.qa[i], blk.ga[j], blk.metric)
-                _insert(keys[i], exact, np.float64(blk.g_start + j))
+                kernels.insert_key(keys[i], exact, np.float64(blk.g_start + j))
 
 
 @_jit
@@ -162,26 +122,6 @@ def update_kept(blk, t, keys, ceilings, bounds):
 @_jit
 def update_excluded(blk, t, keys, ceilings, bounds):
     _update(blk, t, _dropped, keys, ceilings, bounds)
-
-
-@_jit
-def merge_smallest(a, b):
-    """Per query, the k smallest keys of the union of lists ``a`` and ``b`` (over disjoint rows)."""
-    out = np.empty_like(a)
-    k = a.shape[1]
-    for i in range(a.shape[0]):
-        x = 0
-        y = 0
-        for m in range(k):
-            if _before(b[i, y, 0], b[i, y, 1], a[i, x, 0], a[i, x, 1]):
-                out[i, m, 0] = b[i, y, 0]
-                out[i, m, 1] = b[i, y, 1]
-                y += 1
-            else:
-                out[i, m, 0] = a[i, x, 0]
-                out[i, m, 1] = a[i, x, 1]
-                x += 1
-    return out
 
 
 class TopK(Statistic):
@@ -210,7 +150,7 @@ class TopK(Statistic):
             update_excluded(blk, self.trial, state["excluded"], kept[:, -1, 0], bounds)
 
     def merge_own(self, key: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return merge_smallest(a, b)
+        return kernels.merge_smallest(a, b)
 
 
 def list_problem(keys: np.ndarray, gallery_rows: int) -> str | None:
