@@ -81,6 +81,7 @@ MAX_VARIANT_TRIALS = 1000  # corruption trials of a feature-variant suite (CIL-R
 # refuses values outside it when it reads them (cli.Bounded), the Python API where the option is
 # checked (``check_range``); limits that depend on the store or the machine are checked against
 # these sizes before any work (plan.make_plan, synth.check_room, cluster.connect).
+RERANK_LIST_LIMIT = 10_000  # neighbours per row: the kNN pass keeps N x (k1 + 1) keys of 16 bytes
 RANGES = {
     "max_rank": Bounds(1, MAX_RANK_LIMIT),
     "gom_bins": Bounds(1, GOM_BINS_LIMIT),
@@ -102,6 +103,12 @@ RANGES = {
     "ranked_list": Bounds(1, RANKED_LIST_LIMIT),
     "trial": Bounds(0, MAX_TRIALS - 1),  # and below the protocol's trials (ranked.Spec)
     "hist_bits": Bounds(4, 24),
+    "rerank_k1": Bounds(1, RERANK_LIST_LIMIT),
+    "rerank_k2": Bounds(1, RERANK_LIST_LIMIT),
+    "rerank_lambda": Bounds(0.0, 1.0, integer=False),
+    "qe_k": Bounds(1, RERANK_LIST_LIMIT),
+    "qe_alpha": Bounds(0.0, 1000.0, integer=False),
+    "qe_times": Bounds(1, 100),
     "n_query": INT64_ROWS,
     "n_gallery": INT64_ROWS,
     "dim": Bounds(1, INT64_MAX),

@@ -22,8 +22,10 @@ import contextlib
 import json
 import os
 import sys
+import shutil
 import tempfile
 import time
+import uuid
 
 from .errors import OptionError, StreamevalError
 
@@ -202,3 +204,36 @@ def _fallback(text: str, what: str) -> str | None:
         except OSError:  # that folder is full too: leave no partial copy behind
             os.unlink(candidate)
     return None
+
+
+REMOVAL_WAIT_S = 10.0  # how long removing a temporary folder waits for writes still landing in it
+
+
+@contextlib.contextmanager
+def temporary_folder():
+    """A new private folder in the temporary directory ($TMPDIR), removed however the block ends.
+
+    Its name is chosen before it exists, so an interruption at any moment finds it named."""
+    folder = os.path.join(tempfile.gettempdir(), f"streameval-{uuid.uuid4().hex}")
+    try:
+        os.mkdir(folder, 0o700)
+        yield folder
+    finally:
+        _remove_folder(folder)
+
+
+def _remove_folder(folder: str) -> None:
+    """Remove ``folder``, retried until it is gone: an interrupted zarr write leaves its I/O thread
+    finishing the chunk writes the call had started, which can land after a first ``rmtree``.  A
+    Ctrl-C meanwhile (the run was over, or a second one) waits for the removal, then is raised."""
+    deadline, stopped = time.monotonic() + REMOVAL_WAIT_S, None
+    while True:
+        try:
+            shutil.rmtree(folder, ignore_errors=True)
+            if not os.path.lexists(folder) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        except KeyboardInterrupt as exc:
+            stopped = exc
+    if stopped is not None:
+        raise stopped

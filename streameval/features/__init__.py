@@ -12,10 +12,11 @@ from .dedup import Dedup
 from .gom import Gom
 from .open_set import OpenSet
 from .ranked import Ranked
+from .rerank import Rerank
 from .sgs import Sgs
 from .verification import Verification
 
 OPEN_SET, VERIFICATION = OpenSet(), Verification()
 # the order of the scoring pass's statistics, the summary's sections, the options and the saved state's key
-REGISTRY = (Gom(), Dedup(), Sgs(), Ranked(), OPEN_SET, VERIFICATION)
+REGISTRY = (Gom(), Dedup(), Sgs(), Ranked(), OPEN_SET, VERIFICATION, Rerank())
 TARGETED = (VERIFICATION, OPEN_SET)  # those with values at targets (``Feature.target``), in their columns' order

@@ -39,6 +39,16 @@ class Feature:
         """What the scoring pass counts for it."""
         return ()
 
+    def prepare_run(self, store, settings, runner, temporary) -> tuple:
+        """(store, settings) the passes run on, after what it computes before them (re-ranking's kNN
+        pass); ``temporary``: an ExitStack that removes the run's temporary folders."""
+        return store, settings
+
+    def block_source(self, spec, default):
+        """The source of the run's distances (``engine/sources.py``) given its Spec: ``default``
+        unless it replaces them."""
+        return default
+
     def to_options(self, spec) -> dict:
         """Its ``evaluate`` keywords (Settings.to_options)."""
         return {} if spec is None else {self.name: spec.to_record()}

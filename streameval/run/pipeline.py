@@ -6,6 +6,7 @@ verification's section) and ``Passes.result`` (the reported metrics, :func:`make
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import ExitStack
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -17,6 +18,7 @@ from . import result as metrics
 from ..features.open_set import finalise as openset
 from ..features.ranked import finalise as ranked
 from ..features.verification import placement, report, spec as verification
+from ..features.rerank import spec as reranking
 from ..core.errors import OptionError
 from ..engine.ranges import normalisations
 from ..core.progress import COMPILING, compile_timer
@@ -92,7 +94,8 @@ def oriented(store: Store, protocol) -> Store:
     return store
 
 
-FEATURE_OPTIONS = (*ranked.RANKED_OPTIONS, *openset.OPEN_SET_OPTIONS, *verification.VERIFY_OPTIONS)
+FEATURE_OPTIONS = (*ranked.RANKED_OPTIONS, *openset.OPEN_SET_OPTIONS, *verification.VERIFY_OPTIONS,
+                   *reranking.REQUEST_KEYS)
 
 
 def feature_requests(options: dict, saved: dict | None = None) -> tuple[dict, object]:
@@ -102,7 +105,8 @@ def feature_requests(options: dict, saved: dict | None = None) -> tuple[dict, ob
     saved = saved or {}
     spec, selection = ranked.request(options, saved.get("ranked"))
     return {"ranked": spec, "open_set": openset.request(options, saved.get("open_set")),
-            "verification": verification.request(options, saved.get("verification"))}, selection
+            "verification": verification.request(options, saved.get("verification")),
+            "rerank": reranking.request(options)}, selection
 
 
 class Passes(NamedTuple):
@@ -126,11 +130,16 @@ def run_passes(store: Store, settings: Settings, runner, passes=None, place: boo
     placed if ``place`` (a saved state keeps the two-pass route's arrays: none), the scoring passes
     ``passes(store, settings, runner) -> (QueryState, bytes read, pairs scored, facts)`` (by default
     every pair's, :func:`full_state`; an update's extend its saved state), then verification's section."""
-    if place:
-        settings = placement.place(store, settings, runner, runner.meta)
-    state, read, pairs, facts = (passes or full_state)(store, settings, runner)
-    return Passes(settings, state, read, pairs, report.report(store, settings, state, runner, runner.meta),
-                  facts)
+    from ..features import REGISTRY
+
+    with ExitStack() as temporary:
+        for feature in REGISTRY:
+            store, settings = feature.prepare_run(store, settings, runner, temporary)
+        if place:
+            settings = placement.place(store, settings, runner, runner.meta)
+        state, read, pairs, facts = (passes or full_state)(store, settings, runner)
+        return Passes(settings, state, read, pairs, report.report(store, settings, state, runner, runner.meta),
+                      facts)
 
 
 def gallery_metadata(store: Store, settings: Settings) -> graph.Metadata:

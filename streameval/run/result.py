@@ -40,6 +40,7 @@ class Result:
     ranked_lists: object = None  # ranked.RankedLists with ranked_list=K: records, worst and best queries
     open_set: dict | None = None  # with open_set=True: DIR@FPIR (docs/options.md#the-json-result, features/open_set/)
     verification: dict | None = None  # with verification=True: TAR@FAR, AUC, ROC (docs/options.md#the-json-result, features/verification/)
+    rerank: dict | None = None  # with rerank / qe: how the distances were re-ranked (docs/reranking.md, features/rerank/)
     warnings: list = field(default_factory=list)  # what the numbers may hide, e.g. a protocol keeping few queries
 
     def rank(self, k: int) -> float | None:
@@ -113,6 +114,8 @@ class Result:
             out["open_set"] = self.open_set
         if self.verification is not None:
             out["verification"] = self.verification
+        if self.rerank is not None:
+            out["rerank"] = self.rerank
         if self.warnings:
             out["warnings"] = list(self.warnings)
         return out

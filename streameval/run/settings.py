@@ -37,6 +37,7 @@ class Settings:
     ranked: object = None  # ranked.Spec: the top-k lists the pass keeps
     open_set: object = None  # openset.Spec: DIR@FPIR targets and ranks
     verification: object = None  # verification.Spec: TAR@FAR, AUC, ROC
+    rerank: object = None  # rerank.Spec: re-ranking and query expansion, then the re-ranked distances
 
     @classmethod
     def parse(cls, store: Store, metric=None, protocol="market", max_rank=50, precision="float32", std_ddof=1,
@@ -87,8 +88,10 @@ class Settings:
         return (Slots(self.n_trials), *(stat for feature in REGISTRY for stat in feature.statistics(self, meta, dim)))
 
     def scoring(self, dim: int, meta) -> graph.Scoring:
-        return graph.Scoring(np.dtype(self.precision), block_source(self.metric, dim, self.precision), self.rules,
-                             self.gom, self.statistics(meta, dim))
+        source = block_source(self.metric, dim, self.precision)
+        for feature in filter(lambda feature: feature.setting, REGISTRY):
+            source = feature.block_source(getattr(self, feature.name), source)
+        return graph.Scoring(np.dtype(self.precision), source, self.rules, self.gom, self.statistics(meta, dim))
 
     @property
     def minmax(self) -> bool:

@@ -214,6 +214,10 @@ def check_updatable(settings: Settings) -> None:
                        "appended rows would go")
     if "t2v" in protocol.directions:
         reasons.append("direction t2v takes the store's gallery as the queries, which appends change")
+    if settings.rerank is not None:
+        raise OptionError("a re-ranked or query-expanded evaluation keeps no state for incremental updates (--state): "
+                          "appended rows change every neighbour list and row maximum, so it is recomputed, never "
+                          "updated")
     if reasons:
         raise OptionError(f"protocol '{protocol.name}' keeps no state for incremental updates (--state): "
                           + "; ".join(reasons))

@@ -21,14 +21,12 @@ import contextlib
 import functools
 import os
 import shutil
-import tempfile
-import time
-import uuid
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..engine import plan
+from ..core import outputs
 from ..core.choices import check_range
 from ..core.errors import OptionError, StoreError
 from ..io import CONVENTIONS, MATRIX_CONVENTIONS, Matching, match, open_source, parse_keys
@@ -376,38 +374,7 @@ def evaluation_store(target, *, convert_to=None, overwrite: bool = False, state=
     if convert_to is not None:
         yield convert(target, convert_to, overwrite=overwrite, report=tell, **reading).path
         return
-    with temporary_folder() as folder:
+    with outputs.temporary_folder() as folder:
         yield convert(target, os.path.join(folder, "store.zarr"), report=tell, **reading).path
 
 
-REMOVAL_WAIT_S = 10.0  # how long removing a temporary folder waits for writes still landing in it
-
-
-@contextlib.contextmanager
-def temporary_folder():
-    """A new private folder in the temporary directory ($TMPDIR), removed however the block ends.
-
-    Its name is chosen before it exists, so an interruption at any moment finds it named."""
-    folder = os.path.join(tempfile.gettempdir(), f"streameval-{uuid.uuid4().hex}")
-    try:
-        os.mkdir(folder, 0o700)
-        yield folder
-    finally:
-        _remove_folder(folder)
-
-
-def _remove_folder(folder: str) -> None:
-    """Remove ``folder``, retried until it is gone: an interrupted zarr write leaves its I/O thread
-    finishing the chunk writes the call had started, which can land after a first ``rmtree``.  A
-    Ctrl-C meanwhile (the run was over, or a second one) waits for the removal, then is raised."""
-    deadline, stopped = time.monotonic() + REMOVAL_WAIT_S, None
-    while True:
-        try:
-            shutil.rmtree(folder, ignore_errors=True)
-            if not os.path.lexists(folder) or time.monotonic() >= deadline:
-                break
-            time.sleep(0.05)
-        except KeyboardInterrupt as exc:
-            stopped = exc
-    if stopped is not None:
-        raise stopped

@@ -1,0 +1,116 @@
+"""The re-ranked distances as the run's block source (``engine/sources.py``):
+final(q, g) = (1 - lambda) J(q, g) + lambda A(q, g), float64 (PROTOCOLS.md 6.1 step 5).
+
+J is 1 but for each query's candidates (``sparse.Jaccard``); A is the base distance d of the pair
+(the flavours: its B over the query's row maximum, or d itself), from a float64 GEMM of the rows'
+features.  Values are exact as made (their window is zero, as a distance store's): the float64 GEMM
+differs from the canonical sum only in summation order, which the re-ranking's exactness allows
+(6.1); but a pair of one identity - every positive among them - takes its canonical d, so that the
+value the positives pass lists (``pair_distances``) is the very value the scoring pass meets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba as nb
+import numpy as np
+
+from ...engine import kernels, scratch
+from ...engine.block import fill_distances
+from ...engine.sources import FeatureSource
+from ...store import read_rows
+
+
+@dataclass(frozen=True)
+class RerankedSource:
+    base: FeatureSource  # the base metric's features (float64): terms, the GEMM, canonical pairs
+    flavour: object  # flavours.Flavour
+    run_metric: str  # the run's metric (the flavour's B depends on it)
+    lam: float
+    jaccard: object  # sparse.Jaccard of the query rows
+    row_max: np.ndarray  # (n_queries,) B's maximum over U per query (normalised flavours), else ones
+    n_queries: int  # U rows of the gallery start here
+    gallery_rows: int  # extended gallery rows past these are the queries' copies
+    metric: int = kernels.PRECOMPUTED  # the values are final distances, exact as made
+    c_dot: float = 0.0
+    c_refine: float = 0.0
+
+    def prepare(self, fs, rows, features: np.ndarray) -> tuple:
+        return self.base.prepare(fs, rows, features)
+
+    def block(self, part, start: int, stop: int, queries, chunk, rows: slice) -> np.ndarray:
+        qf = queries.features[rows]
+        dots = np.matmul(qf, chunk.features.T, out=scratch.buffer("rerank dots", np.float64, (qf.shape[0], stop - start)))
+        d = scratch.buffer("rerank distances", np.float64, dots.shape)
+        fill_distances(dots, queries.terms[rows], chunk.terms, self.base.metric, d)
+        same = np.nonzero(queries.pids[rows][:, None] == chunk.pids[None, :])
+        if same[0].size:
+            d[same] = kernels.pair_distances(qf, chunk.features, same[0], same[1], queries.terms[rows], chunk.terms,
+                                             self.base.metric)
+        return self.final(queries.index[rows], self.u_row(part, start), d)
+
+    def exact(self, qf: np.ndarray, values: np.ndarray) -> np.ndarray:
+        return values
+
+    def pair_distances(self, part, start: int, stop: int, queries, qrows: np.ndarray, grows: np.ndarray) -> np.ndarray:
+        features = read_rows(part.fs, slice(start, stop), np.float64)[0]
+        terms = self.prepare(part.fs, slice(start, stop), features)[0]
+        d = kernels.pair_distances(queries.features, features, qrows, grows, queries.terms, terms, self.base.metric)
+        query_rows = queries.index[qrows]
+        j = self.jaccard
+        return final_pairs(self.original(query_rows, d), query_rows, grows + self.u_row(part, start), j.indptr, j.cols,
+                           j.values, self.lam)
+
+    def u_row(self, part, start: int) -> int:
+        """The U row of the part's row ``start``: gallery rows follow the queries; the queries' copies
+        (the extended gallery's rows past the gallery) are the queries themselves."""
+        row = part.offset + start
+        return row + self.n_queries if row < self.gallery_rows else row - self.gallery_rows
+
+    def original(self, query_rows: np.ndarray, d: np.ndarray) -> np.ndarray:
+        """A: the flavour's B over the query's row maximum, or the base distance d itself."""
+        if not self.flavour.normalised:
+            return d
+        row_max = self.row_max[query_rows]
+        return self.flavour.b(d, self.run_metric) / (row_max[:, None] if d.ndim == 2 else row_max)
+
+    def final(self, query_rows: np.ndarray, u0: int, d: np.ndarray) -> np.ndarray:
+        """The final values of queries ``query_rows`` and the U rows u0, u0 + 1, ... from their base
+        distances ``d``."""
+        j = self.jaccard
+        return final_block(self.original(query_rows, d), query_rows, u0, j.indptr, j.cols, j.values, self.lam)
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def combine(jaccard, original, lam):
+    return (1.0 - lam) * jaccard + lam * original
+
+
+@nb.njit(nogil=True, cache=True)
+def final_block(original, query_rows, u0, indptr, cols, values, lam):
+    """final[i, j] for query query_rows[i] and U row u0 + j: J = 1 but for the query's candidates."""
+    out = np.empty_like(original)
+    for i in range(out.shape[0]):
+        for j in range(out.shape[1]):
+            out[i, j] = combine(1.0, original[i, j], lam)
+        lo = indptr[query_rows[i]]
+        hi = indptr[query_rows[i] + 1]
+        m = lo + np.searchsorted(cols[lo:hi], u0)
+        while m < hi and cols[m] < u0 + out.shape[1]:
+            out[i, cols[m] - u0] = combine(values[m], original[i, cols[m] - u0], lam)
+            m += 1
+    return out
+
+
+@nb.njit(nogil=True, cache=True)
+def final_pairs(original, query_rows, u_rows, indptr, cols, values, lam):
+    """final of the pairs (query_rows[m], u_rows[m])."""
+    out = np.empty_like(original)
+    for m in range(out.shape[0]):
+        lo = indptr[query_rows[m]]
+        hi = indptr[query_rows[m] + 1]
+        at = lo + np.searchsorted(cols[lo:hi], u_rows[m])
+        jaccard = values[at] if at < hi and cols[at] == u_rows[m] else 1.0
+        out[m] = combine(jaccard, original[m], lam)
+    return out
