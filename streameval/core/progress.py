@@ -29,7 +29,7 @@ from contextlib import contextmanager, suppress
 
 from dask.callbacks import Callback
 
-PASSES = ("positives", "range", "pilot", "scoring", "rescoring", "refinement", "settling")  # in the order they run
+PASSES = ("neighbours", "positives", "range", "pilot", "scoring", "rescoring", "refinement", "settling")  # in the order they run
 COMPILING = "compiling kernels"  # the phase, and what the bar says, while numba compiles or loads kernels
 TICK_S = 0.5  # how often the bar's clock is redrawn while kernels compile (no task finishes meanwhile)
 BAR_WIDTH = 30
