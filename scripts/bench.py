@@ -92,6 +92,13 @@ each method without GOM so that only the protocol differs.  ``T`` = ``--trials``
 The classic Python loops stop after ``--classic-budget`` seconds and their time is then extrapolated
 linearly from the queries (or trials) done, which the table says.
 
+``--rerank [FLAVOUR]`` is a separate mode (issue 26, scripts/bench_rerank.py): k-reciprocal re-ranking
+on MSMT17-shaped stores (11,659 + 82,161 rows, D = 2,048 and 256, float16; ``--rerank-scale S`` for
+S of the rows), ``streameval eval --rerank FLAVOUR`` as a whole process (with ``--against REV`` REV's
+too, interleaved) next to the bare U x U GEMM over the same rows (``uu-floor``) and the dense
+torchreid-style numpy re-ranking at the largest N that fits this machine (``dense``), with the goals
+(within 1.5x the U x U GEMM, peak RSS < 2 GB).
+
 Each other method runs in a fresh child process (``bench.py --_run METHOD ...``), so its peak RSS is
 its own.  Their timings exclude process start, imports and JIT warm-up; the best of ``--repeat`` runs
 is kept (for ``process`` too); with --against each side's runs are shown too.
@@ -112,6 +119,8 @@ from collections import defaultdict
 
 from bench_against import (REV, prepare_revision, print_revision, report_against, revision_store, run_against,
                            transcribe_child)
+from bench_rerank import (CHILD_RUNNERS as RERANK_RUNNERS, RERANK_CHILDREN, RERANK_DTYPE, RERANK_METHODS, RERANK_SIZES,
+                          run_rerank_mode, scaled_sizes)
 from bench_suite import SUITE_CHILDREN, SUITE_METHODS, SUITE_SIZE, run_child_method, run_suite_mode
 
 METHODS = ("streameval", "se-fixed", "se-closed", "se-osv", "se-all", "floor", "update", "classic", "process")
@@ -159,6 +168,8 @@ def parse_args(argv=None):
             "  .venv/bin/python scripts/bench.py --protocols         # market vs cuhk03-sgs vs SYSU-like trials\n"
             "  .venv/bin/python scripts/bench.py --noise hard --size 3368x19732x2048   # the weak model only\n"
             "  .venv/bin/python scripts/bench.py --against HEAD~1 --repeat 3   # vs the commit before, interleaved\n"
+            "  .venv/bin/python scripts/bench.py --rerank                # MSMT17-shaped: vs U x U GEMM and dense\n"
+            "  .venv/bin/python scripts/bench.py --rerank --rerank-scale 0.02   # the same at 1/50 of the rows\n"
             "  .venv/bin/python scripts/bench.py --against d00fc36 --size 500x5000x64 --methods se-closed,floor\n"
             "\n"
             "Stores are created under --workdir, named after their parameters, and reused when a\n"
@@ -182,8 +193,9 @@ def parse_args(argv=None):
                         "side with the working tree, interleaved; REV's checkout and venv are made under --workdir and "
                         "reused (see --against above).  Methods: default %s; of them, floor (and classic, update) "
                         "run on the working tree only" % AGAINST_METHODS)
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32",
-                   help="stored feature dtype (default: float32); every method computes in float32")
+    p.add_argument("--dtype", choices=("float32", "float16"), default=None,
+                   help="stored feature dtype (default: float32; with --rerank %s); every method computes in "
+                        "float32" % RERANK_DTYPE)
     p.add_argument("--metric", choices=("euclidean", "sqeuclidean", "cosine"), default="euclidean",
                    help="distance (default: euclidean).  The classic evaluator computes squared "
                         "euclidean for both euclidean metrics, as torchreid does (same ranking)")
@@ -198,6 +210,14 @@ def parse_args(argv=None):
                    help="suite mode (issue 14): at size %s by default, methods %s: a CIL-ReID suite of 1 + 3T "
                         "evaluations against one clean evaluation, the same evaluations run separately, the bare "
                         "GEMM, and the command-line processes (scripts/bench_suite.py)" % (SUITE_SIZE, ",".join(SUITE_METHODS)))
+    p.add_argument("--rerank", nargs="?", const="matlab", default=None, metavar="FLAVOUR",
+                   help="re-ranking mode (issue 26, scripts/bench_rerank.py): sizes %s (MSMT17's test split, %s "
+                        "store by default), methods %s: `streameval eval --rerank FLAVOUR` as a process (default "
+                        "flavour matlab), the bare U x U GEMM over the same rows, and the dense torchreid-style "
+                        "re-ranking at the largest N that fits this machine; with --against REV also REV's process"
+                        % (" and ".join(RERANK_SIZES), RERANK_DTYPE, ",".join(RERANK_METHODS)))
+    p.add_argument("--rerank-scale", type=float, default=1.0, metavar="S",
+                   help="--rerank: the sizes' rows and identities times S (e.g. 0.02 for a quick check; default: 1)")
     p.add_argument("--trials", type=int, default=10,
                    help="--protocols: sgs repeats and SYSU-like trials; --suite: corruption trials (default: 10)")
     p.add_argument("--classic-budget", type=float, default=600.0,
@@ -227,17 +247,22 @@ def parse_args(argv=None):
     p.add_argument("--json", metavar="OUT", default=None, help="also write the results as JSON to OUT")
     # internal: one method in a child process
     p.add_argument("--_run", choices=[m for m in METHODS if m != "process"] + ["classic-process", "transcribe",
-                                                                              *PROTOCOL_CHILDREN, *SUITE_CHILDREN],
+                                                                              *PROTOCOL_CHILDREN, *SUITE_CHILDREN,
+                                                                              *RERANK_CHILDREN],
                    help=argparse.SUPPRESS)
     p.add_argument("--_store", help=argparse.SUPPRESS)
     p.add_argument("--_out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.dtype = args.dtype or (RERANK_DTYPE if args.rerank else "float32")
     if args._run is None:
-        known = PROTOCOL_METHODS if args.protocols else SUITE_METHODS if args.suite else METHODS
+        known = (PROTOCOL_METHODS if args.protocols else SUITE_METHODS if args.suite else RERANK_METHODS if args.rerank
+                 else METHODS)
+        if args.rerank:
+            check_rerank_args(p, args)
         if args.against is not None:
             if args.protocols or args.suite:
                 p.error("--against compares the default mode's methods: not with --protocols or --suite")
-            args.methods = args.methods or AGAINST_METHODS
+            args.methods = args.methods or (",".join(RERANK_METHODS) if args.rerank else AGAINST_METHODS)
             try:
                 args.against = resolve_revision(args.against)
             except ValueError as exc:
@@ -268,8 +293,8 @@ def parse_args(argv=None):
         if args.repeat < 1:
             p.error("--repeat must be at least 1")
         try:
-            args.noises = parse_noises(args.noise or ("easy" if args.scaling or args.protocols or args.suite
-                                                      else "easy,hard"))
+            one_problem = args.scaling or args.protocols or args.suite or args.rerank
+            args.noises = parse_noises(args.noise or ("easy" if one_problem else "easy,hard"))
         except ValueError as exc:
             p.error(str(exc))
         if not 0 < args.update_frac <= 1:
@@ -277,6 +302,19 @@ def parse_args(argv=None):
         if args.classic_sort_threads < 1:
             p.error("--classic-sort-threads must be at least 1")
     return args
+
+
+def check_rerank_args(p, args) -> None:
+    """--rerank's flavour, scale and the modes it excludes; its sizes."""
+    from streameval.features.rerank.flavours import FLAVOURS
+
+    if args.rerank not in FLAVOURS:
+        p.error(f"--rerank: unknown flavour {args.rerank!r}; choose from {', '.join(FLAVOURS)}")
+    if args.protocols or args.suite or args.scaling:
+        p.error("--rerank, --protocols, --suite and --scaling are separate modes: choose one")
+    if not 0 < args.rerank_scale <= 1:
+        p.error("--rerank-scale must be in (0, 1]")
+    args.size = args.size or scaled_sizes(args.rerank_scale)
 
 
 def parse_noises(text: str) -> list[float]:
@@ -603,17 +641,26 @@ def run_update(args) -> dict:
 
 
 def run_floor(args) -> dict:
+    from streameval.store import open_store
+
+    store = open_store(args._store)
+    q_fs, g_fs = store.query, store.gallery
+    return timed_floor(args, lambda a, b: q_fs.features[a:b], len(q_fs), lambda a, b: g_fs.features[a:b], len(g_fs),
+                       store.dim, g_fs.features.dtype.itemsize, g_fs.chunk_rows)
+
+
+def timed_floor(args, lhs_rows, n_lhs: int, rhs_rows, n_rhs: int, dim: int, stored_itemsize: int,
+                chunk_rows: int) -> dict:
+    """The floor over evaluate's chunk plan for an n_lhs x n_rhs product: ``lhs_rows(a, b)`` and
+    ``rhs_rows(a, b)`` read rows a..b of either side (the query and gallery sets, or U twice)."""
     import numpy as np
 
     from streameval.engine.plan import DEFAULT_MEMORY_BUDGET, make_plan
-    from streameval.store import open_store
 
     dtype = np.dtype("float32")  # evaluate's default precision
-    store = open_store(args._store)
-    q_fs, g_fs = store.query, store.gallery
     workers = os.cpu_count() or 1  # what evaluate uses without a distributed client
-    plan = make_plan(len(q_fs), len(g_fs), store.dim, dtype.itemsize, g_fs.features.dtype.itemsize,
-                     g_fs.chunk_rows, workers, DEFAULT_MEMORY_BUDGET, None, None)
+    plan = make_plan(n_lhs, n_rhs, dim, dtype.itemsize, stored_itemsize, chunk_rows, workers, DEFAULT_MEMORY_BUDGET,
+                     None, None)
     cosine = args.metric == "cosine"
 
     t0 = time.perf_counter()
@@ -625,9 +672,9 @@ def run_floor(args) -> dict:
     def once():
         t_read = t_gemm = t_comb = 0.0
         buf = np.empty(plan.query_block * plan.gallery_chunk, dtype=dtype)  # reused output of the GEMMs
-        for qa, qb in plan.query_ranges(len(q_fs)):
+        for qa, qb in plan.query_ranges(n_lhs):
             t = time.perf_counter()
-            q = np.ascontiguousarray(q_fs.features[qa:qb], dtype=dtype)
+            q = np.ascontiguousarray(lhs_rows(qa, qb), dtype=dtype)
             t_read += time.perf_counter() - t
             t = time.perf_counter()
             qn = None
@@ -637,9 +684,9 @@ def run_floor(args) -> dict:
                 qn = np.einsum("ij,ij->i", q, q)[:, None]
                 lhs = -2.0 * q  # fold the -2 into the query block (exact: a power of two)
             t_comb += time.perf_counter() - t
-            for ga, gb in plan.gallery_ranges(len(g_fs)):
+            for ga, gb in plan.gallery_ranges(n_rhs):
                 t = time.perf_counter()
-                g = np.ascontiguousarray(g_fs.features[ga:gb], dtype=dtype)
+                g = np.ascontiguousarray(rhs_rows(ga, gb), dtype=dtype)
                 t_read += time.perf_counter() - t
                 t = time.perf_counter()
                 gn = None
@@ -1045,7 +1092,8 @@ def child_main(args) -> int:
     runners = {"floor": run_floor, "classic": run_classic, "update": run_update,
                "se-cuhk03": run_streameval, "se-sysu": run_streameval,
                "classic-cuhk03": run_classic_protocol, "classic-sysu": run_classic_protocol,
-               **{variant: run_streameval for variant in VARIANTS}, **dict.fromkeys(SUITE_CHILDREN, run_child_method)}
+               **{variant: run_streameval for variant in VARIANTS}, **dict.fromkeys(SUITE_CHILDREN, run_child_method),
+               **RERANK_RUNNERS}
     out = runners[args._run](args)
     out["child_total_s"] = time.perf_counter() - t0
     with open(args._out, "w") as fh:
@@ -1731,7 +1779,7 @@ def main(argv=None) -> int:
             mismatch |= any(not check["agree"] for check in entry.get("numbers", ()))
             out["sizes"].append(entry)
             sys.stdout.flush()
-    if len(out["sizes"]) > 1 and not (args.protocols or args.suite or rev):
+    if len(out["sizes"]) > 1 and not (args.protocols or args.suite or args.rerank or rev):
         print_scaling(out["sizes"])
     if args.json:
         with open(args.json, "w") as fh:
@@ -1748,6 +1796,8 @@ def run_problem(args, size, noise: float, rev) -> dict:
     how += f", {warm_page_cache(path):.0f} MB read once to warm the page cache"
     if args.suite:
         return run_suite_mode(args, size, path, how)
+    if args.rerank:
+        return run_rerank_mode(args, size, path, how, rev)
     if args.protocols:
         results = {name: run_child(args, PROTOCOL_METHODS[name], path) for name in args.methods}
         return report_protocols(size, path, how, results, args)

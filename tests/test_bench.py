@@ -210,3 +210,51 @@ def test_against_table(capsys):
     assert [row["method"] for row in record["rows"]] == ["se-closed", "floor", "cli-closed cold", "cli-closed warm",
                                                         "cli cold", "cli warm"]
     assert record["rows"][0]["passes_over_gemm"] == {"HEAD": pytest.approx(1.5), "REV": None}
+
+
+def test_rerank_mode_runs_msmt17_shapes_in_float16():
+    args = bench.parse_args(["--rerank"])
+    assert args.rerank == "matlab" and args.dtype == "float16" and args.noises == [1.0]
+    assert args.methods == ["rerank", "uu-floor", "dense"]
+    assert args.sizes == [(11659, 82161, 2048, 3060), (11659, 82161, 256, 3060)]
+    quick = bench.parse_args(["--rerank", "fastreid", "--rerank-scale", "0.02", "--dtype", "float32"])
+    assert quick.rerank == "fastreid" and quick.dtype == "float32"
+    assert quick.sizes == [(233, 1643, 2048, 61), (233, 1643, 256, 61)]
+    assert bench.parse_args(["--rerank", "--size", "10x20x4"]).sizes == [(10, 20, 4, 2)]
+    assert bench.parse_args([]).dtype == "float32"  # the other modes keep theirs
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rerank", "cuhk"], "--rerank: unknown flavour 'cuhk'"),
+    (["--rerank", "--rerank-scale", "0"], "--rerank-scale must be in (0, 1]"),
+    (["--rerank", "--protocols"], "separate modes"),
+    (["--rerank", "--methods", "floor"], "--methods: unknown floor"),
+])
+def test_rerank_mode_refuses(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        bench.parse_args(argv)
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_dense_reference_size_fits_three_float32_matrices():
+    import bench_rerank
+
+    n = bench_rerank.dense_rows(11659, 82161, 100 * 2**30)
+    share = bench_rerank.DENSE_MEMORY_SHARE * 100 * 2**30
+    assert 3 * 4 * n ** 2 <= share < 3 * 4 * (n + 1) ** 2
+    assert bench_rerank.dense_rows(10, 20, 2**40) == 30  # never more than U
+    nq, ng = bench_rerank.dense_split(n, 11659, 82161)
+    assert nq + ng == n and abs(nq / n - 11659 / 93820) < 1e-4
+    assert bench_rerank.dense_split(3, 1, 1000) == (1, 2)
+
+
+def test_u_rows_are_queries_then_gallery(tmp_path):
+    import bench_rerank
+    from streameval.tools.synth import synthesize
+
+    store = synthesize(tmp_path / "s.zarr", n_query=30, n_gallery=100, dim=4, n_ids=6, n_cams=2, chunk_rows=16)
+    u = np.concatenate([store.query.features[:], store.gallery.features[:]])
+    rows = bench_rerank.u_rows(store)
+    for a, b in ((0, 10), (25, 40), (30, 31), (100, 130), (0, 130)):
+        np.testing.assert_array_equal(rows(a, b), u[a:b])
