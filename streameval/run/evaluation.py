@@ -97,6 +97,8 @@ def evaluate(
     settings = Settings.parse(store, metric, protocol, max_rank, precision, std_ddof, no_gom=no_gom, gom_norm=gom_norm,
                               gom_bins=gom_bins, gom_b=gom_b, gom_vp=gom_vp, **requests, **overrides)
     store = with_variants(store, settings.protocol, *variants)
+    if execution.knn_cache is not None and (settings.rerank is None or settings.rerank.flavour is None):
+        raise OptionError("--knn-cache only goes with --rerank (knn_cache with rerank=FLAVOUR)")
     if len(settings.protocol.directions) == 2:
         if state is not None:
             raise OptionError("a state holds one direction: evaluate with direction='v2t' or 't2v' to save one")

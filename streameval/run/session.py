@@ -34,8 +34,9 @@ class Runner:
     what numba still compiled meanwhile (``compiled``: also booked as "compiling kernels", the bar
     says "compiling kernels" while it happens)."""
 
-    def __init__(self, client, plan, phases: Phases, bar: Bar | None, meta=None):
+    def __init__(self, client, plan, phases: Phases, bar: Bar | None, meta=None, knn_cache=None):
         self.client, self.plan, self.phases, self.bar, self.meta = client, plan, phases, bar, meta
+        self.knn_cache = knn_cache  # where the kNN pass's lists are kept and reused (--knn-cache), if anywhere
         self.where = client.scheduler.address if client else "threads"
         self.running = False
         self.compiled = 0.0
@@ -97,7 +98,8 @@ def session(store: Store, settings: Settings, execution: Execution, phases: Phas
         meta = gallery_metadata(store, settings) if meta is None else meta
         shown = execution.progress  # False, True (draw on stderr) or a text stream to draw on
         bar = Bar(Reporter(label, shown if hasattr(shown, "write") else None), workers=workers) if shown else None
-        runner = Runner(client, run_plan(store, settings, execution, workers, meta), phases, bar, meta)
+        runner = Runner(client, run_plan(store, settings, execution, workers, meta), phases, bar, meta,
+                        execution.knn_cache)
         try:
             phases.lap("setup")
             with bar.compiling() if bar is not None else nullcontext():

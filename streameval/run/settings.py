@@ -123,6 +123,7 @@ class Execution:
     workers: int | None = None
     cluster: ClusterOptions = ClusterOptions()
     progress: object = False  # False, True (draw on stderr) or a text stream to draw on
+    knn_cache: str | None = None  # re-ranking's kNN lists kept and reused here (features/rerank/cache.py)
 
     @classmethod
     def from_options(cls, caller: str, options: dict) -> "Execution":
@@ -134,13 +135,14 @@ class Execution:
         memory_limit = None if o["memory_limit"] is None else parse_bytes(o["memory_limit"])  # Dask gets bytes
         cluster = ClusterOptions(o["scheduler"], o["scheduler_file"], o["cluster"], o["n_workers"],
                                  o["threads_per_worker"], memory_limit, o["connect_timeout"])
-        return cls(o["query_block"], o["gallery_chunk"], o["memory_budget"], o["workers"], cluster, o["progress"])
+        return cls(o["query_block"], o["gallery_chunk"], o["memory_budget"], o["workers"], cluster, o["progress"],
+                   o["knn_cache"])
 
 
 EXECUTION_DEFAULTS = {  # where and in which chunks to run: the keywords evaluate and update share
     "query_block": None, "gallery_chunk": None, "memory_budget": DEFAULT_MEMORY_BUDGET, "workers": None,
     "scheduler": None, "scheduler_file": None, "cluster": None, "n_workers": None, "threads_per_worker": None,
-    "memory_limit": None, "connect_timeout": CONNECT_TIMEOUT_S, "progress": False,
+    "memory_limit": None, "connect_timeout": CONNECT_TIMEOUT_S, "progress": False, "knn_cache": None,
 }
 
 

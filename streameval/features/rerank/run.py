@@ -61,12 +61,12 @@ def reranked(store, settings, runner, dtype):
     lists = max(flavour.lists(spec.k1), spec.k2)
     compute = partial(neighbour_pass, sets, lists, base, runner, dtype)
     cached = False
-    if spec.cache is None:
+    if runner.knn_cache is None:
         neighbours = compute()
     else:
         from .cache import cached_neighbours
 
-        neighbours, cached = cached_neighbours(spec.cache, store, base, dtype, lists, compute)
+        neighbours, cached = cached_neighbours(runner.knn_cache, store, base, dtype, lists, compute)
     found = jaccard(neighbours, n_queries, flavour, settings.metric, spec.k1, spec.k2,
                     partial(pair_distances, sets, base, dtype, runner=runner))
     row_max = (flavour.b(neighbours.farthest[:n_queries], settings.metric) if flavour.normalised

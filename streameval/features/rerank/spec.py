@@ -1,5 +1,4 @@
-"""What a re-ranked run asks for (``Spec``): the flavour and its k1, k2, lambda, query expansion, the
-kNN cache folder; once the run's kNN pass is done, the re-ranked distances (``distances``, the block
+"""What a re-ranked run asks for (``Spec``): the flavour and its k1, k2, lambda, query expansion; once the run's kNN pass is done, the re-ranked distances (``distances``, the block
 source) and what the result reports of them (``facts``)."""
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ RERANK_DEFAULTS = {"k1": 20, "k2": 6, "lambda": 0.3}
 QE_DEFAULTS = {"k": 5, "alpha": 3.0, "times": 1}
 FLAT = {"rerank_k1": "k1", "rerank_k2": "k2", "rerank_lambda": "lambda"}  # evaluate's / the CLI's flat keywords
 QE_FLAT = {"qe_k": "k", "qe_alpha": "alpha", "qe_times": "times"}
-REQUEST_KEYS = ("rerank", *FLAT, "qe", *QE_FLAT, "knn_cache")
+REQUEST_KEYS = ("rerank", *FLAT, "qe", *QE_FLAT)
 
 
 def request(options: dict) -> dict | None:
@@ -36,7 +35,6 @@ class Spec:
     k2: int
     lam: float
     qe: Expansion | None
-    cache: str | None = field(default=None, compare=False)  # never changes a number
     distances: object = field(default=None, compare=False, repr=False)  # the block source, once computed
     facts: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -44,14 +42,14 @@ class Spec:
     def parse(cls, request: dict | None, metric: str) -> "Spec | None":
         """The re-ranking keywords (``REQUEST_KEYS``, as ``request`` takes them out of evaluate's):
         ``rerank`` (a flavour name or a record {"flavour", "k1", "k2", "lambda"}), ``rerank_k1/_k2/_lambda``,
-        ``qe`` ("aqe" or a record {"k", "alpha", "times"}), ``qe_k/_alpha/_times``, ``knn_cache``;
+        ``qe`` ("aqe" or a record {"k", "alpha", "times"}), ``qe_k/_alpha/_times``;
         None when neither re-ranking nor query expansion is asked for."""
         request = {key: value for key, value in (request or {}).items() if value is not None}
         rerank, qe = _record(request.pop("rerank", None), "flavour"), _record(request.pop("qe", None), "kind")
         given = request
-        if rerank is None and any(key in given for key in (*FLAT, "knn_cache")):
-            raise OptionError(f"{', '.join(_cli(key) for key in given if key in (*FLAT, 'knn_cache'))} only go with "
-                              "--rerank (rerank=FLAVOUR)")
+        if rerank is None and any(key in given for key in FLAT):
+            raise OptionError(f"{', '.join(_cli(key) for key in given if key in FLAT)} only go with --rerank "
+                              "(rerank=FLAVOUR)")
         if qe is None and any(key in given for key in QE_FLAT):
             raise OptionError(f"{', '.join(_cli(key) for key in given if key in QE_FLAT)} only go with --qe aqe")
         if rerank is None and qe is None:
@@ -79,7 +77,7 @@ class Spec:
             expansion = Expansion(check_range(picked["k"], "qe_k"), check_range(picked["alpha"], "qe_alpha"),
                                   check_range(picked["times"], "qe_times"))
         return cls(flavour, check_range(values["k1"], "rerank_k1"), check_range(values["k2"], "rerank_k2"),
-                   check_range(values["lambda"], "rerank_lambda"), expansion, given.get("knn_cache"))
+                   check_range(values["lambda"], "rerank_lambda"), expansion)
 
     def to_record(self) -> dict:
         record = {}
