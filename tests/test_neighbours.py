@@ -1,0 +1,82 @@
+"""The kNN pass (engine/neighbours.py) against brute force: every U row's top-k by (canonical
+distance, U row), the row itself at distance 0, the farthest distance; pair distances over U."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from streameval.core.progress import Phases
+from streameval.engine.neighbours import neighbour_pass, pair_distances, read_u_rows
+from streameval.engine.plan import Plan
+from streameval.run.session import Runner
+from streameval.store import write_store
+
+
+def dense_distances(u: np.ndarray, metric: str) -> np.ndarray:
+    """The canonical distances of integer-valued rows (every dot exact), the diagonal 0."""
+    u = u.astype(np.float64)
+    if metric == "cosine":
+        norms = np.sqrt((u * u).sum(1))
+        d = 1.0 - (u @ u.T) / (norms[:, None] * norms[None, :])
+    else:
+        terms = (u * u).sum(1)
+        d = np.maximum(terms[:, None] + terms[None, :] - 2.0 * (u @ u.T), 0.0)
+    np.fill_diagonal(d, 0.0)
+    return d
+
+
+def problem(seed: int, nq: int, ng: int, dim: int):
+    """A store of integer-valued features with exact duplicates (a gallery pair, a query in the gallery)."""
+    rng = np.random.default_rng(seed)
+    q = rng.integers(-2, 3, (nq, dim)).astype(np.float32)
+    g = rng.integers(-2, 3, (ng, dim)).astype(np.float32)
+    q[(q * q).sum(1) == 0, 0] = 1.0
+    g[(g * g).sum(1) == 0, 0] = 1.0
+    g[1] = g[0]
+    g[2] = q[0]
+    store = write_store(zarr.storage.MemoryStore(), q, rng.integers(0, 5, nq), rng.integers(0, 3, nq), g,
+                        rng.integers(0, 5, ng), rng.integers(0, 3, ng))
+    return store, np.concatenate([q, g])
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), nq=st.integers(1, 20), ng=st.integers(3, 60), dim=st.integers(1, 9),
+       k=st.integers(1, 25), metric=st.sampled_from(["cosine", "sqeuclidean"]),
+       block=st.integers(1, 30), chunk=st.integers(1, 40), workers=st.integers(1, 3))
+def test_every_row_gets_its_exact_top_k_and_farthest_distance(seed, nq, ng, dim, k, metric, block, chunk, workers):
+    store, u = problem(seed, nq, ng, dim)
+    k = min(k, u.shape[0])
+    runner = Runner(None, Plan(block, chunk, workers), Phases(), None)
+    found = neighbour_pass((store.query, store.gallery), k, metric, runner, np.float32)
+    d = dense_distances(u, metric)
+    rows = np.arange(u.shape[0])
+    expected = np.stack([np.lexsort((rows, d[i]))[:k] for i in rows])
+    np.testing.assert_array_equal(found.index, expected)
+    np.testing.assert_array_equal(found.dist, np.take_along_axis(d, expected, 1))
+    np.testing.assert_array_equal(found.farthest, d.max(1))
+    assert found.metric == metric and found.k == k
+
+
+def test_an_exact_duplicate_with_a_lower_row_comes_before_the_row_itself():
+    """Ties by U row, the row itself not forced first: gallery row 2 is query 0's copy, so U row
+    nq + 2 lists query 0 (row 0) first, both at distance 0."""
+    store, u = problem(1, 4, 10, 3)
+    runner = Runner(None, Plan(2, 3, 2), Phases(), None)
+    found = neighbour_pass((store.query, store.gallery), 3, "sqeuclidean", runner, np.float32)
+    copy = 4 + 2
+    assert list(found.index[copy, :2]) == [0, copy] and list(found.dist[copy, :2]) == [0.0, 0.0]
+    assert list(found.index[0, :2]) == [0, copy]
+
+
+@pytest.mark.parametrize("metric", ["cosine", "sqeuclidean"])
+def test_pair_distances_over_u_are_the_canonical_ones(metric):
+    store, u = problem(2, 7, 40, 5)
+    runner = Runner(None, Plan(5, 6, 2), Phases(), None)
+    rng = np.random.default_rng(0)
+    first, second = rng.integers(0, u.shape[0], 300), rng.integers(0, u.shape[0], 300)
+    got = pair_distances((store.query, store.gallery), metric, np.float32, first, second, runner)
+    np.testing.assert_array_equal(got, dense_distances(u, metric)[first, second])
+    np.testing.assert_array_equal(read_u_rows((store.query, store.gallery), second, np.float32), u[second])
