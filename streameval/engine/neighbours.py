@@ -38,9 +38,12 @@ class Neighbours:
 
 
 def neighbour_pass(sets: tuple, k: int, metric: str, runner, dtype) -> Neighbours:
-    """Each U row's exact top-``k`` and farthest distance under ``metric`` (an engine metric name),
+    """Each U row's exact top-``k`` and farthest distance under ``metric`` ("cosine" or
+    "sqeuclidean": ``nearest_update``'s windows do not depend on the distance),
     U = the rows of ``sets`` in order: one U x U pass on ``runner`` (query blocks of U, chains of
     chunks per worker, the lists merged as sorted keys), GEMMs in ``dtype`` settled exactly."""
+    if metric not in ("cosine", "sqeuclidean"):
+        raise ValueError(f"the kNN pass takes cosine or sqeuclidean distances, not {metric!r}")
     source = sources.block_source(metric, sets[0].dim, dtype)
     parts = u_parts(sets)
     chunks = graph.gallery_chunks(runner.plan, parts)
@@ -87,13 +90,13 @@ def nearest_in_chunk(part, start: int, stop: int, rows: graph.Rows, source, dtyp
     else:
         keys, far, settled = before[0].copy(), before[1].copy(), before[2]
     chunk = u_rows(part, start, stop, source, dtype)
-    bounds = np.empty(k)
+    bounds, dist = np.empty(k), np.empty(stop - start)
     for first in range(0, len(rows.index), graph.QUERY_SUB_BLOCK):
         sub = slice(first, first + graph.QUERY_SUB_BLOCK)
         dots = source.block(part, start, stop, rows, chunk, sub)
         settled += nearest_update(dots, rows.features[sub], chunk.features, rows.terms[sub], chunk.terms,
                                   rows.norms[sub], chunk.norms, rows.index[sub], chunk.index, source.metric,
-                                  source.c_dot, keys[sub], far[sub], bounds)
+                                  source.c_dot, keys[sub], far[sub], bounds, dist)
     return keys, far, settled
 
 
@@ -102,37 +105,44 @@ def merge_found(a, b):
 
 
 @nb.njit(nogil=True, cache=True)
-def nearest_update(dots, qf, gf, qa, ga, qn, gn, q_index, g_index, metric, c_dot, keys, far, bounds):
+def nearest_update(dots, qf, gf, qa, ga, qn, gn, q_index, g_index, metric, c_dot, keys, far, bounds, dist):
     """Add a block's rows to each query row's list ``keys[i]`` (k smallest (distance, U row)) and
     exact farthest distance ``far[i]``; returns the pairs whose canonical distance was computed.
 
-    Two scans per row, testing fast distances (within ``kernels.distance_window``) first: the k-th
-    smallest upper bound U over the list and the block (a max-heap), and the largest lower bound F
-    over the farthest so far and the block; then the canonical distance of every row whose lower
-    bound is at most U (it may enter the list) or whose upper bound is at least F (it may be the
-    farthest).  A row's distance to itself is 0."""
+    Per row, the fast distances (``dist``, scratch) are scanned twice against limits, the window
+    (``kernels.distance_window``) computed only near them: first the k-th smallest upper bound U
+    over the list and the block (a max-heap) and the largest fast distance; then the canonical
+    distance of every row whose lower bound is at most U (it may enter the list) or whose upper
+    bound reaches the largest lower bound F (it may be the farthest).  For cosine and squared
+    euclidean distances a pair's window does not depend on its distance, so the widest one of the
+    row (at the block's largest norm) bounds them all.  A row's distance to itself is 0."""
     settled = 0
+    k = bounds.shape[0]
+    gn_max = gn.max() if gn.shape[0] else 0.0
     for i in range(dots.shape[0]):
-        k = bounds.shape[0]
+        widest = kernels.distance_window(0.0, qn[i], gn_max, metric, c_dot)
         for m in range(k):  # the list's distances, descending: a max-heap
             bounds[m] = keys[i, k - 1 - m, 0]
-        lowest = far[i]
+        largest = -np.inf
+        for j in range(dots.shape[1]):  # branch-free: vectorised
+            dist[j] = kernels.pair_distance(dots[i, j], qa[i], ga[j], metric)
+            largest = max(largest, dist[j])
         for j in range(dots.shape[1]):
-            d = kernels.pair_distance(dots[i, j], qa[i], ga[j], metric)
-            w = kernels.distance_window(d, qn[i], gn[j], metric, c_dot)
-            kernels.push_bound(bounds, d + w)
-            lowest = max(lowest, d - w)
+            if dist[j] < bounds[0]:  # else its upper bound cannot lower the root
+                kernels.push_bound(bounds, dist[j] + kernels.distance_window(dist[j], qn[i], gn[j], metric, c_dot))
         cut = bounds[0]
+        lowest = max(far[i], largest - widest)
         for j in range(dots.shape[1]):
-            d = kernels.pair_distance(dots[i, j], qa[i], ga[j], metric)
-            w = kernels.distance_window(d, qn[i], gn[j], metric, c_dot)
-            if (d - w <= cut) | (d + w >= lowest):
-                exact = 0.0
-                if q_index[i] != g_index[j]:
-                    exact = kernels.canonical_distance(qf, gf, i, j, qa[i], ga[j], metric)
-                settled += 1
-                kernels.insert_key(keys[i], exact, np.float64(g_index[j]))
-                far[i] = max(far[i], exact)
+            d = dist[j]
+            if (d - widest <= cut) | (d + widest >= lowest):
+                w = kernels.distance_window(d, qn[i], gn[j], metric, c_dot)
+                if (d - w <= cut) | (d + w >= lowest):
+                    exact = 0.0
+                    if q_index[i] != g_index[j]:
+                        exact = kernels.canonical_distance(qf, gf, i, j, qa[i], ga[j], metric)
+                    settled += 1
+                    kernels.insert_key(keys[i], exact, np.float64(g_index[j]))
+                    far[i] = max(far[i], exact)
     return settled
 
 
