@@ -189,7 +189,7 @@ def _options(*decorators):
     return apply
 
 
-SECTIONS = ("Metrics", "Protocol", "Open-set & verification", "Ranked lists", "Execution", "Output", "Reading")
+SECTIONS = ("Metrics", "Protocol", "Open-set & verification", "Ranked lists", "Re-ranking", "Execution", "Output", "Reading")
 OTHER_SECTION = "Options"  # the command's own options (no section), --help among them
 
 
@@ -471,7 +471,7 @@ def eval_cmd(store, json_path, per_query, quiet, state, overwrite, ranks, summar
 @click.argument("store", type=click.Path())
 @click.option("--state", type=click.Path(file_okay=False), required=True,
               help="The state saved by 'streameval eval --state' (or a previous update); updated in place, atomically.")
-@_result_options(defaults=False)
+@_result_options(defaults=False, features=[feature for feature in REGISTRY if feature.name != "rerank"])
 @_execution_options
 @_output_options
 @click.option("--overwrite", is_flag=True, help="Replace an existing --json file or ranked-lists output.")

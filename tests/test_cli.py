@@ -172,7 +172,7 @@ RESULT_SECTIONS = ["Options", "Metrics", "Protocol", "Open-set & verification", 
 
 
 @pytest.mark.parametrize("command, headings", [
-    ("eval", RESULT_SECTIONS + ["Reading"]), ("update", RESULT_SECTIONS),
+    ("eval", [*RESULT_SECTIONS[:5], "Re-ranking", *RESULT_SECTIONS[5:], "Reading"]), ("update", RESULT_SECTIONS),
     ("suite", ["Options", "Execution", "Output"]), ("suite-update", ["Options", "Execution", "Output"])])
 def test_help_lists_the_options_by_section(command, headings):
     sections = help_sections(command)

@@ -15,7 +15,7 @@ class Rerank(Feature):
         Flag("--rerank-k2", "--rerank: k2, the neighbours V is averaged over (default 6; 1: none).", "count"),
         Flag("--rerank-lambda", "--rerank: the weight of the original distance (default 0.3).", "count"),
         Flag("--qe", "Average query expansion (fast-reid's aqe) of queries and gallery before the evaluation "
-             "(and the re-ranking) (docs/reranking.md#query-expansion).", ("aqe",)),
+             "(and the re-ranking) (docs/reranking.md#average-query-expansion---qe-aqe).", ("aqe",)),
         Flag("--qe-k", "--qe: neighbours averaged (default 5).", "count"),
         Flag("--qe-alpha", "--qe: similarity exponent (default 3).", "count"),
         Flag("--qe-times", "--qe: rounds (default 1).", "count"),
