@@ -17,7 +17,7 @@ import streameval
 from streameval import open_store, write_store
 from streameval.core.errors import OptionError
 from streameval.engine.neighbours import Neighbours
-from streameval.features.rerank.expansion import expand, read_u_rows
+from streameval.features.rerank.expansion import expand
 from streameval.store import read_rows
 
 from rerank_reference import aqe_reference
@@ -124,11 +124,3 @@ def test_a_negative_similarity_to_a_fractional_power_is_refused(tmp_path):
     (q, _, _), (g, _, _) = read_back(expanded)  # an integer alpha keeps the sign: s^3 = -1
     np.testing.assert_array_equal(q, [[1.0, 0.0]])
     np.testing.assert_array_equal(g, [[-1.0, 0.0]])
-
-
-def test_read_u_rows_reads_rows_of_both_sets(tmp_path):
-    data = problem(seed=7)
-    store = stored(tmp_path / "store.zarr", data)
-    u = np.concatenate([data[0], data[3]]).astype(np.float64)
-    rows = np.array([0, 2, 4, 5, 7, 8, 17])  # the last query row, the first gallery row, the last
-    np.testing.assert_array_equal(read_u_rows((store.query, store.gallery), rows, np.float64), u[rows])

@@ -100,7 +100,8 @@ UNDERFLOW = {np.dtype(np.float32): 2.0**-126, np.dtype(np.float64): 2.0**-1022}
 # * float32, lo = 2^-40: underflow adds an absolute error per dot that ``dot_error_bound`` covers
 #   as a relative term 3 dim UNDERFLOW / lo^2 ~ 3 dim 2^-46, a millionth of the rounding term
 #   dim 2^-24; rows of norm ~2^-83 (features scaled by 1e-25) would be all underflow.
-# * float64: stored features are float16 or float32, so a nonzero row's norm is at least 2^-149
+# * float64: stored features are float16 or float32 (float64 ones, query expansion's, below 2^-149 are
+#   refused), so a nonzero row's norm is at least 2^-149
 #   (float32's smallest subnormal) and |q| |g| <= dim * float32max^2 ~ dim 2^256, far below
 #   float64's 2^1024: nothing to refuse.  Products of float32 values are exact in float64 (48-bit
 #   significands, exponents >= -298), so underflow only touches cancelled sums, covered as above.

@@ -54,6 +54,10 @@ class Settings:
             raise OptionError(f"metric must be one of {', '.join(kernels.METRIC_CODES)}, got {metric!r}")
         if precision not in PRECISIONS:
             raise OptionError(f"precision must be float32 or float64, got {precision!r}")
+        if precision == "float32" and store is not None and store.query.features is not None and \
+                store.query.features.dtype == np.float64:
+            raise OptionError(f"'{store.path}' holds float64 features, which float32 GEMMs would round: evaluate "
+                              "with --precision float64 (precision='float64')")
         max_rank = check_range(max_rank, "max_rank")
         if std_ddof not in (0, 1):
             raise OptionError(f"std_ddof must be 1 (sample standard deviation) or 0, got {std_ddof!r}")

@@ -24,7 +24,7 @@ UID_ATTR = "store_uid"  # random, made when a store is created: a rewritten stor
 CAMERAS_ATTR = "cameras"  # false: the input had no camera ids, every row is camera 0 (protocols without cameras only)
 SETS = ("query", "gallery")
 FIELDS = ("features", "pids", "camids")
-FEATURE_DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
+FEATURE_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))  # float64: query expansion's
 DISTANCE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 DISTANCE_KINDS = ("distance", "similarity")  # a distance store's values (``store.distances``)
 DEFAULT_CHUNK_ROWS = 8192
@@ -278,7 +278,7 @@ def _check_set_structure(fs: FeatureSet, path: str, exact: bool) -> None:
     if feats.ndim != 2:
         raise StoreError(f"{where}/features must be 2-D (rows x dim), got shape {feats.shape}")
     if feats.dtype not in FEATURE_DTYPES:
-        raise StoreError(f"{where}/features has dtype {feats.dtype}; expected float16 or float32")
+        raise StoreError(f"{where}/features has dtype {feats.dtype}; expected float16, float32 or float64")
     if feats.chunks[1] != feats.shape[1]:
         raise StoreError(
             f"{where}/features is chunked {feats.chunks}, splitting the feature axis; "

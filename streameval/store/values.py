@@ -99,7 +99,7 @@ def feature_dtype(dtype) -> np.dtype:
     except TypeError:
         dtype = None
     if dtype not in FEATURE_DTYPES:
-        raise OptionError(f"dtype must be float16 or float32, got {dtype}")
+        raise OptionError(f"dtype must be float16, float32 or float64, got {dtype}")
     return dtype
 
 

@@ -23,7 +23,8 @@ import shutil
 import numpy as np
 
 from ...core.errors import OptionError
-from ...store import Store, commit_gallery, create_store, new_store, read_field, read_ids, write_rows
+from ...engine.neighbours import read_u_rows
+from ...store import Store, commit_gallery, create_store, new_store, read_ids, write_rows
 
 BLOCK_BYTES = 64 << 20  # a block's gathered neighbour rows and its expanded rows, float64
 COSINE = "cosine"  # the metric of AQE's similarities, whatever metric evaluates the expanded features
@@ -99,16 +100,3 @@ def similarity_weights(similarity: np.ndarray, alpha: float, index: np.ndarray, 
                           f"its weight s^alpha with alpha {alpha:g} is not a real number; use an integer qe alpha "
                           "(--qe-alpha) or a smaller qe k (--qe-k)")
     return weights
-
-
-def read_u_rows(sets, rows: np.ndarray, dtype) -> np.ndarray:
-    """Features of U rows ``rows`` (ascending, no repeats) of ``sets`` (query, gallery) in ``dtype``;
-    each chunk holding some of them is read once (``store.read_field``)."""
-    out = np.empty((rows.shape[0], sets[0].dim), dtype=dtype)
-    offset = 0
-    for fs in sets:
-        mine = (rows >= offset) & (rows < offset + len(fs))
-        if mine.any():
-            out[mine] = read_field(fs, "features", rows[mine] - offset)
-        offset += len(fs)
-    return out

@@ -5,7 +5,6 @@ and hands the passes the re-ranked distances as their block source."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from functools import partial
 
@@ -27,11 +26,9 @@ def prepare_run(store, settings, runner, temporary):
         from ...core.outputs import temporary_folder
         from .expansion import expand
 
-        for _ in range(spec.qe.times):  # each round's neighbours are of the previous round's features
-            folder = temporary.enter_context(temporary_folder())
-            store = expand(store, partial(knn, runner=runner, dtype=dtype), spec.qe.k, spec.qe.alpha, 1,
-                           os.path.join(folder, "expanded.zarr"))
-            dtype = np.float64
+        folder = temporary.enter_context(temporary_folder())
+        store = expand(store, partial(knn, runner=runner, dtype=dtype), spec.qe.k, spec.qe.alpha, spec.qe.times, folder)
+        dtype = np.float64
     facts = {}
     if spec.flavour is not None:
         source, facts = reranked(store, settings, runner, dtype)
@@ -40,7 +37,8 @@ def prepare_run(store, settings, runner, temporary):
 
 
 def knn(sets, k, metric, runner, dtype):
-    return neighbour_pass(sets, k, metric, runner, dtype)
+    """The kNN pass over ``sets``, in float64 GEMMs where their features are float64 (expanded)."""
+    return neighbour_pass(sets, k, metric, runner, np.float64 if sets[0].features.dtype == np.float64 else dtype)
 
 
 def knn_dtype(store, settings):
