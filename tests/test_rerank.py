@@ -1,0 +1,241 @@
+"""Re-ranking and average query expansion in the engine (PROTOCOLS.md 6) against the dense float64
+reference (tests/rerank_reference.py, itself checked against the upstream codes in
+test_rerank_reference.py).
+
+For every flavour and metric: per-query AP (to 1e-9), first-hit ranks (exact) and the top-10
+ranked lists (gallery rows exact, final values to 1e-12) equal the reference's on the final
+re-ranked distances, under the market protocol with junk (-1) and distractors (0) in U like any
+row.  Integer-valued features make every canonical distance exact and ties frequent: exact
+duplicates (a gallery row repeated, a query equal to a gallery row) put items at equal keys,
+broken by index in the neighbour lists and in the evaluation.  Odd k1 (h differs between the
+flavours), k2 = 1 (no query expansion), k2 > L1, small k1 (non-candidates, J = 1), lambda 0 (only
+J: the non-candidates tie at 1) and 1; several chunkings, a zarr store, a Dask cluster; AQE alone
+and AQE then re-ranking.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import streameval
+from streameval.features.rerank.flavours import FLAVOURS
+
+from reference import distance_matrix
+from rerank_reference import aqe_reference, evaluate_matrix, rerank_reference
+
+AP_TOL = 1e-9
+VALUE_TOL = 1e-12
+TOP = 10
+FLAVOUR_NAMES = sorted(FLAVOURS)
+# the defaults; interleaved chunks counted by three threads and merged; one query per block, one thread
+CHUNKINGS = [dict(), dict(query_block=3, gallery_chunk=7, workers=3), dict(query_block=1, gallery_chunk=16, workers=1)]
+OPTIONS = dict(protocol="market", no_gom=True, ranked_list=TOP)
+
+
+# --------------------------------------------------------------------------------------- problems
+
+
+def problem(seed: int, nq: int = 8, ng: int = 40, dim: int = 6, vmax: int = 3) -> dict:
+    """Integer features with exact duplicates (gallery rows 3 and 9, query 1 = gallery row 12), no
+    all-zero row (cosine); pids with several positives, junk -1, distractors 0, open-set queries."""
+    rng = np.random.default_rng(seed)
+    qf = rng.integers(-vmax, vmax + 1, (nq, dim)).astype(np.float32)
+    gf = rng.integers(-vmax, vmax + 1, (ng, dim)).astype(np.float32)
+    if ng > 12:
+        gf[9] = gf[3]
+        qf[min(1, nq - 1)] = gf[12]
+    qf[~qf.any(axis=1), 0] = 1
+    gf[~gf.any(axis=1), 0] = 1
+    return dict(qf=qf, q_pids=rng.integers(0, 6, nq), q_camids=rng.integers(0, 3, nq),
+                gf=gf, g_pids=rng.integers(-1, 6, ng), g_camids=rng.integers(0, 3, ng))
+
+
+def ids(data: dict) -> tuple:
+    return data["q_pids"], data["q_camids"], data["g_pids"], data["g_camids"]
+
+
+def rerank_option(flavour: str, k1: int, k2: int, lam: float) -> dict:
+    return {"flavour": flavour, "k1": k1, "k2": k2, "lambda": lam}
+
+
+def expected_rerank(data, flavour, metric, k1, k2, lam, qe=None, junk_pids=(-1,)) -> dict:
+    qf, gf = data["qf"], data["gf"]
+    if qe:
+        qf, gf = aqe_reference(qf, gf, qe["k"], qe["alpha"], qe["times"])
+    ref = rerank_reference(qf, gf, flavour, metric, k1, k2, lam)
+    return {**evaluate_matrix(ref["final"], *ids(data), junk_pids=junk_pids, k=TOP), "reference": ref}
+
+
+def expected_aqe(data, metric, qe) -> dict:
+    qf, gf = aqe_reference(data["qf"], data["gf"], qe["k"], qe["alpha"], qe["times"])
+    return evaluate_matrix(distance_matrix(qf, gf, metric), *ids(data), k=TOP)
+
+
+# ------------------------------------------------------------------------------------- assertions
+
+
+def assert_equals_reference(result, want: dict, where) -> None:
+    """AP to 1e-9, first hits exact, the top-10 kept gallery rows exact with their final values to 1e-12."""
+    got_ap = np.asarray(result.per_query["ap"], dtype=np.float64)
+    want_ap = np.asarray(want["ap"], dtype=np.float64)
+    np.testing.assert_array_equal(np.isnan(got_ap), np.isnan(want_ap), err_msg=str(where))
+    np.testing.assert_allclose(got_ap, want_ap, rtol=0, atol=AP_TOL, equal_nan=True, err_msg=str(where))
+    np.testing.assert_array_equal(np.asarray(result.per_query["first_hit_rank"]), want["first_hit_rank"],
+                                  err_msg=str(where))
+    records = {record["query"]: record for record in result.ranked_lists}
+    assert sorted(records) == list(range(len(want["top"]))), where
+    for q, record in records.items():
+        assert [e["gallery"] for e in record["top"]] == want["top"][q], (where, q)
+        assert [e["distance"] for e in record["top"]] == pytest.approx(want["top_distance"][q], rel=0, abs=VALUE_TOL), (where, q)
+
+
+def check(data, want, where, chunkings=CHUNKINGS[:2], **options) -> None:
+    for chunking in chunkings:
+        result = streameval.evaluate(data, **OPTIONS, **options, **chunking)
+        assert_equals_reference(result, want, (where, chunking))
+
+
+# ----------------------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
+@pytest.mark.parametrize("flavour", FLAVOUR_NAMES)
+def test_every_flavour_equals_the_reference_at_the_defaults(flavour, metric):
+    data = problem(0)
+    want = expected_rerank(data, flavour, metric, 20, 6, 0.3)
+    check(data, want, (flavour, metric), CHUNKINGS, metric=metric, rerank=rerank_option(flavour, 20, 6, 0.3))
+
+
+@pytest.mark.parametrize("flavour", FLAVOUR_NAMES)
+def test_odd_k1_and_no_query_expansion(flavour):
+    """k1 = 19: h = 10 (matlab) or 11 (the ports); k2 = 1: V without the QE step."""
+    data = problem(1)
+    for metric in ("cosine", "sqeuclidean"):
+        want = expected_rerank(data, flavour, metric, 19, 1, 0.3)
+        check(data, want, (flavour, metric), metric=metric, rerank=rerank_option(flavour, 19, 1, 0.3))
+
+
+@pytest.mark.parametrize("flavour", FLAVOUR_NAMES)
+def test_small_k1_leaves_non_candidates_in_their_original_order(flavour):
+    """k1 = 3: most pairs have J = 1 (6.2's non-candidates); k2 = 6 > L1 (the lists must reach k2)."""
+    data = problem(2, nq=6, ng=60)
+    for k1, k2 in ((3, 6), (5, 2)):
+        want = expected_rerank(data, flavour, "euclidean", k1, k2, 0.3)
+        assert want["reference"]["n_candidates"] < data["q_pids"].size * data["g_pids"].size
+        check(data, want, (flavour, k1, k2), metric="euclidean", rerank=rerank_option(flavour, k1, k2, 0.3))
+
+
+@pytest.mark.parametrize("flavour", FLAVOUR_NAMES)
+def test_exact_duplicates_and_ties_everywhere_are_broken_by_index(flavour):
+    """Features in {-1, 0, 1}^3: many exact duplicates, so equal keys in every neighbour list and, with
+    lambda = 0 (final = J), every non-candidate at exactly 1."""
+    data = problem(3, nq=7, ng=36, dim=3, vmax=1)
+    for metric, lam in (("sqeuclidean", 0.3), ("cosine", 0.0), ("euclidean", 1.0)):
+        want = expected_rerank(data, flavour, metric, 6, 3, lam)
+        check(data, want, (flavour, metric, lam), metric=metric, rerank=rerank_option(flavour, 6, 3, lam))
+
+
+def test_junk_pids_change_the_evaluation_not_the_reranking():
+    """Rows of junk pids stay in U (they are neighbours like any row); only the evaluation drops them."""
+    data = problem(4)
+    for junk in ((-1,), (-1, 0)):
+        want = expected_rerank(data, "matlab", "cosine", 20, 6, 0.3, junk_pids=junk)
+        result = streameval.evaluate(data, **OPTIONS, metric="cosine", junk_pids=junk,
+                                     rerank=rerank_option("matlab", 20, 6, 0.3))
+        assert_equals_reference(result, want, junk)
+
+
+def test_the_default_flavour_and_parameters():
+    """rerank="matlab": k1 = 20, k2 = 6, lambda = 0.3."""
+    data = problem(5)
+    want = expected_rerank(data, "matlab", "cosine", 20, 6, 0.3)
+    assert_equals_reference(streameval.evaluate(data, **OPTIONS, metric="cosine", rerank="matlab"), want, "default")
+
+
+def test_the_rerank_section_reports_the_lists():
+    data = problem(6)
+    want = expected_rerank(data, "layumi", "cosine", 19, 6, 0.3)["reference"]
+    section = streameval.evaluate(data, **OPTIONS, metric="cosine", rerank=rerank_option("layumi", 19, 6, 0.3)).to_dict()["rerank"]
+    assert {k: section[k] for k in ("flavour", "k1", "k2", "lambda", "L1", "h", "N")} == {
+        "flavour": "layumi", "k1": 19, "k2": 6, "lambda": 0.3, "L1": want["L1"], "h": want["h"], "N": 48}
+    assert section["metric"] == "cosine"
+
+
+@pytest.mark.parametrize("metric", ["cosine", "sqeuclidean"])
+def test_aqe_alone_equals_the_reference(metric):
+    """The ordinary evaluation on the expanded features (float64), k = 5 and alpha = 3 (the
+    defaults) over one and two rounds, and k = 2, alpha = 1."""
+    data = problem(7)
+    for qe in (dict(k=5, alpha=3.0, times=1), dict(k=5, alpha=3.0, times=2), dict(k=2, alpha=1.0, times=1)):
+        check(data, expected_aqe(data, metric, qe), (metric, qe), metric=metric, qe=qe)
+    assert_equals_reference(streameval.evaluate(data, **OPTIONS, metric=metric, qe="aqe"),
+                            expected_aqe(data, metric, dict(k=5, alpha=3.0, times=1)), "qe=aqe")
+
+
+@pytest.mark.parametrize("flavour", FLAVOUR_NAMES)
+def test_aqe_then_rerank_equals_the_reference(flavour):
+    data = problem(8)
+    qe = dict(k=5, alpha=3.0, times=1)
+    for metric in ("cosine", "euclidean"):
+        want = expected_rerank(data, flavour, metric, 20, 6, 0.3, qe=qe)
+        check(data, want, (flavour, metric), metric=metric, qe=qe, rerank=rerank_option(flavour, 20, 6, 0.3))
+
+
+def test_a_float16_store_on_disk(tmp_path):
+    data = problem(9)
+    path = tmp_path / "s.zarr"
+    streameval.write_store(path, data["qf"], data["q_pids"], data["q_camids"], data["gf"], data["g_pids"],
+                           data["g_camids"], dtype="float16", chunk_rows=7)
+    for flavour in FLAVOUR_NAMES:
+        want = expected_rerank(data, flavour, "cosine", 20, 6, 0.3)
+        check(str(path), want, flavour, CHUNKINGS[2:], metric="cosine", rerank=rerank_option(flavour, 20, 6, 0.3))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as local:
+        yield local.scheduler_address
+
+
+def test_a_dask_cluster_equals_the_reference(cluster, tmp_path):
+    """The kNN pass and the scoring pass on worker processes (a store they open)."""
+    data = problem(10)
+    path = tmp_path / "s.zarr"
+    streameval.write_store(path, data["qf"], data["q_pids"], data["q_camids"], data["gf"], data["g_pids"],
+                           data["g_camids"], chunk_rows=9)
+    qe = dict(k=5, alpha=3.0, times=1)
+    for flavour, metric, with_qe in (("matlab", "cosine", False), ("fastreid", "euclidean", True)):
+        want = expected_rerank(data, flavour, metric, 19, 6, 0.3, qe=qe if with_qe else None)
+        for chunking in (dict(), dict(query_block=3, gallery_chunk=7)):
+            result = streameval.evaluate(str(path), **OPTIONS, metric=metric, scheduler=cluster, qe=qe if with_qe else None,
+                                         rerank=rerank_option(flavour, 19, 6, 0.3), **chunking)
+            assert_equals_reference(result, want, (flavour, metric, chunking))
+
+
+@st.composite
+def random_cases(draw):
+    nq = draw(st.integers(1, 6))
+    ng = draw(st.integers(14, 30))
+    data = problem(draw(st.integers(0, 2**32 - 1)), nq=nq, ng=ng, dim=draw(st.integers(1, 5)), vmax=draw(st.integers(1, 3)))
+    n = nq + ng
+    k1 = draw(st.integers(1, n - 1))
+    k2 = draw(st.integers(1, min(8, n)))
+    gc = draw(st.integers(max(1, math.ceil(ng / 6)), ng))
+    chunking = draw(st.sampled_from([dict(), dict(query_block=draw(st.integers(1, nq)), gallery_chunk=gc)]))
+    return (data, draw(st.sampled_from(FLAVOUR_NAMES)), draw(st.sampled_from(["cosine", "euclidean", "sqeuclidean"])),
+            k1, k2, draw(st.sampled_from([0.0, 0.3, 1.0])), chunking)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(random_cases())
+def test_random_small_problems(case):
+    data, flavour, metric, k1, k2, lam, chunking = case
+    want = expected_rerank(data, flavour, metric, k1, k2, lam)
+    result = streameval.evaluate(data, **OPTIONS, metric=metric, rerank=rerank_option(flavour, k1, k2, lam), **chunking)
+    assert_equals_reference(result, want, (flavour, metric, k1, k2, lam, chunking))
