@@ -19,18 +19,39 @@ from reference import ap_rectangle
 
 
 def base_distance(x, y, metric: str) -> np.ndarray:
-    """The engine's canonical float64 distance: "cosine" d = 1 - x.y / (|x| |y|), "sqeuclidean"
-    d = max(|x|^2 + |y|^2 - 2 x.y, 0)."""
+    """The engine's canonical float64 distance (streameval/engine/kernels.py): each dot product
+    summed in a fixed order - four partial sums over k = 0, 1, 2, 3 (mod 4), added as
+    (s0 + s1) + (s2 + s3), then the tail - and each row's term |x|^2 summed k = 0, 1, ...;
+    "cosine" d = 1 - x.y / (|x| |y|), "sqeuclidean" d = max(|x|^2 + |y|^2 - 2 x.y, 0).  (For
+    integer-valued features every sum is exact, whatever the order.)"""
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
-    dots = x @ y.T
+    dots = fixed_order_dots(x, y)
+    tx, ty = squared_norms(x), squared_norms(y)
     if metric == "cosine":
-        nx = np.sqrt((x * x).sum(axis=1))
-        ny = np.sqrt((y * y).sum(axis=1))
-        return 1.0 - dots / (nx[:, None] * ny[None, :])
+        return 1.0 - dots / (np.sqrt(tx)[:, None] * np.sqrt(ty)[None, :])
     if metric == "sqeuclidean":
-        return np.maximum((x * x).sum(axis=1)[:, None] + (y * y).sum(axis=1)[None, :] - 2.0 * dots, 0.0)
+        return np.maximum(tx[:, None] + ty[None, :] - 2.0 * dots, 0.0)
     raise ValueError(f"no canonical distance for {metric!r}")
+
+
+def fixed_order_dots(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    dim = x.shape[1]
+    full = dim - dim % 4
+    partial = [np.zeros((x.shape[0], y.shape[0])) for _ in range(4)]
+    for k in range(full):
+        partial[k % 4] += x[:, k, None] * y[None, :, k]
+    dots = (partial[0] + partial[1]) + (partial[2] + partial[3])
+    for k in range(full, dim):
+        dots += x[:, k, None] * y[None, :, k]
+    return dots
+
+
+def squared_norms(x: np.ndarray) -> np.ndarray:
+    total = np.zeros(x.shape[0])
+    for k in range(x.shape[1]):
+        total += x[:, k] * x[:, k]
+    return total
 
 
 def stable_order(keys: np.ndarray) -> np.ndarray:

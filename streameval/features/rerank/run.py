@@ -13,7 +13,7 @@ import numpy as np
 from ...engine.neighbours import neighbour_pass, pair_distances
 from ...engine.sources import block_source
 from .flavours import FLAVOURS
-from .source import RerankedSource
+from .source import RerankedSource, twins
 
 
 def prepare_run(store, settings, runner, temporary):
@@ -70,7 +70,7 @@ def reranked(store, settings, runner, dtype):
     row_max = (flavour.b(neighbours.farthest[:n_queries], settings.metric) if flavour.normalised
                else np.ones(n_queries))
     source = RerankedSource(block_source(base, store.dim, np.float64), flavour, settings.metric, spec.lam, found,
-                            row_max, n_queries, len(store.gallery))
+                            row_max, n_queries, len(store.gallery), twins(neighbours))
     facts = {"metric": settings.metric, "base_distance": base, "L1": flavour.lists(spec.k1),
              "h": flavour.expansion(spec.k1), "N": n_queries + len(store.gallery), "precision": "float64",
              **found.facts, "knn": {"list_length": lists, "settled_pairs": int(neighbours.refined),

@@ -5,8 +5,11 @@ J is 1 but for each query's candidates (``sparse.Jaccard``); A is the base dista
 (the flavours: its B over the query's row maximum, or d itself), from a float64 GEMM of the rows'
 features.  Values are exact as made (their window is zero, as a distance store's): the float64 GEMM
 differs from the canonical sum only in summation order, which the re-ranking's exactness allows
-(6.1); but a pair of one identity - every positive among them - takes its canonical d, so that the
-value the positives pass lists (``pair_distances``) is the very value the scoring pass meets.
+(6.1).  Two kinds of pairs take their canonical d instead: a pair of one identity - every positive
+among them - so that the value the positives pass lists (``pair_distances``) is the very value the
+scoring pass meets; and a row with a twin in U (``twins``: an exact or near duplicate), whose GEMM
+values could differ from its twin's in the last bit (BLAS sums a column by where it sits) and so
+break their tie otherwise than by index.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class RerankedSource:
     row_max: np.ndarray  # (n_queries,) B's maximum over U per query (normalised flavours), else ones
     n_queries: int  # U rows of the gallery start here
     gallery_rows: int  # extended gallery rows past these are the queries' copies
+    twins: np.ndarray  # (N,) bool: U rows scored by their canonical distances (``twins``)
     metric: int = kernels.PRECOMPUTED  # the values are final distances, exact as made
     c_dot: float = 0.0
     c_refine: float = 0.0
@@ -44,11 +48,12 @@ class RerankedSource:
         dots = np.matmul(qf, chunk.features.T, out=scratch.buffer("rerank dots", np.float64, (qf.shape[0], stop - start)))
         d = scratch.buffer("rerank distances", np.float64, dots.shape)
         fill_distances(dots, queries.terms[rows], chunk.terms, self.base.metric, d)
-        same = np.nonzero(queries.pids[rows][:, None] == chunk.pids[None, :])
+        u0 = self.u_row(part, start)
+        same = np.nonzero((queries.pids[rows][:, None] == chunk.pids[None, :]) | self.twins[u0:u0 + d.shape[1]])
         if same[0].size:
             d[same] = kernels.pair_distances(qf, chunk.features, same[0], same[1], queries.terms[rows], chunk.terms,
                                              self.base.metric)
-        return self.final(queries.index[rows], self.u_row(part, start), d)
+        return self.final(queries.index[rows], u0, d)
 
     def exact(self, qf: np.ndarray, values: np.ndarray) -> np.ndarray:
         return values
@@ -114,3 +119,15 @@ def final_pairs(original, query_rows, u_rows, indptr, cols, values, lam):
         jaccard = values[at] if at < hi and cols[at] == u_rows[m] else 1.0
         out[m] = combine(jaccard, original[m], lam)
     return out
+
+
+def twins(neighbours, tolerance: float = 1e-10) -> np.ndarray:
+    """U rows with another row within ``tolerance`` of their farthest distance in their list: exact
+    duplicates (their canonical distance is 0 up to rounding) and rows all but equal to one."""
+    index, dist = neighbours.index, neighbours.dist
+    rows = np.arange(index.shape[0])[:, None]
+    near = (index != rows) & (dist <= tolerance * neighbours.farthest[:, None])
+    marked = np.zeros(index.shape[0], dtype=bool)
+    marked[rows[:, 0][near.any(axis=1)]] = True
+    marked[index[near]] = True
+    return marked
