@@ -28,8 +28,8 @@ def base_distance(x, y, metric: str) -> np.ndarray:
     y = np.asarray(y, dtype=np.float64)
     dots = fixed_order_dots(x, y)
     tx, ty = squared_norms(x), squared_norms(y)
-    if metric == "cosine":
-        return 1.0 - dots / (np.sqrt(tx)[:, None] * np.sqrt(ty)[None, :])
+    if metric == "cosine":  # rounded below 0 (parallel rows): 0, as the engine's kNN pass counts it
+        return np.maximum(1.0 - dots / (np.sqrt(tx)[:, None] * np.sqrt(ty)[None, :]), 0.0)
     if metric == "sqeuclidean":
         return np.maximum(tx[:, None] + ty[None, :] - 2.0 * dots, 0.0)
     raise ValueError(f"no canonical distance for {metric!r}")

@@ -16,11 +16,11 @@ from streameval.store import write_store
 
 
 def dense_distances(u: np.ndarray, metric: str) -> np.ndarray:
-    """The canonical distances of integer-valued rows (every dot exact), the diagonal 0."""
+    """The canonical distances of integer-valued rows (every dot exact), the diagonal 0, none below 0."""
     u = u.astype(np.float64)
     if metric == "cosine":
         norms = np.sqrt((u * u).sum(1))
-        d = 1.0 - (u @ u.T) / (norms[:, None] * norms[None, :])
+        d = np.maximum(1.0 - (u @ u.T) / (norms[:, None] * norms[None, :]), 0.0)  # parallel rows: 0
     else:
         terms = (u * u).sum(1)
         d = np.maximum(terms[:, None] + terms[None, :] - 2.0 * (u @ u.T), 0.0)

@@ -3,8 +3,8 @@ expansion's neighbours), keeping each row's exact top-k list and its exact farth
 
 Rows of U are numbered through the sets in order (queries 0..nq-1, then gallery nq..N-1).  A list
 holds the k smallest keys (canonical distance, U row) of its row, the row itself included at
-distance 0 (its canonical value is forced to 0; an exact duplicate at distance 0 and a lower row
-number comes first).  ``farthest`` is the largest canonical distance over all of U.
+distance 0 (its canonical value is forced to 0, and a cosine distance rounded below 0 counts as 0:
+an exact duplicate at distance 0 and a lower row number comes first).  ``farthest`` is the largest canonical distance over all of U.
 """
 
 from __future__ import annotations
@@ -137,9 +137,9 @@ def nearest_update(dots, qf, gf, qa, ga, qn, gn, q_index, g_index, metric, c_dot
             if (d - widest <= cut) | (d + widest >= lowest):
                 w = kernels.distance_window(d, qn[i], gn[j], metric, c_dot)
                 if (d - w <= cut) | (d + w >= lowest):
-                    exact = 0.0
+                    exact = 0.0  # a distance rounded below 0 (cosine) counts as 0, as does a row's own
                     if q_index[i] != g_index[j]:
-                        exact = kernels.canonical_distance(qf, gf, i, j, qa[i], ga[j], metric)
+                        exact = max(kernels.canonical_distance(qf, gf, i, j, qa[i], ga[j], metric), 0.0)
                     settled += 1
                     kernels.insert_key(keys[i], exact, np.float64(g_index[j]))
                     far[i] = max(far[i], exact)
@@ -196,4 +196,4 @@ def block_pair_distances(sets: tuple, source, dtype, first: np.ndarray, second: 
         ga = source.prepare(sets[0], slice(c, e), gf)[0]
         out[picked] = kernels.pair_distances(qf, gf, at[picked], second[picked] - c, qa, ga, source.metric)
     out[first == second] = 0.0
-    return out
+    return np.maximum(out, 0.0)

@@ -76,7 +76,7 @@ class RerankedSource:
     def original(self, query_rows: np.ndarray, d: np.ndarray) -> np.ndarray:
         """A: the flavour's B over the query's row maximum, or the base distance d itself."""
         if not self.flavour.normalised:
-            return d
+            return np.maximum(d, 0.0)  # as the kNN pass counts a cosine distance rounded below 0
         row_max = self.row_max[query_rows]
         return self.flavour.b(d, self.run_metric) / (row_max[:, None] if d.ndim == 2 else row_max)
 
