@@ -123,10 +123,8 @@ def nearest_update(dots, qf, gf, qa, ga, qn, gn, q_index, g_index, metric, c_dot
         widest = kernels.distance_window(0.0, qn[i], gn_max, metric, c_dot)
         for m in range(k):  # the list's distances, descending: a max-heap
             bounds[m] = keys[i, k - 1 - m, 0]
-        largest = -np.inf
-        for j in range(dots.shape[1]):  # branch-free: vectorised
-            dist[j] = kernels.pair_distance(dots[i, j], qa[i], ga[j], metric)
-            largest = max(largest, dist[j])
+        fast_distances(dots[i], qa[i], ga, metric, dist)
+        largest = dist.max() if dist.shape[0] else -np.inf
         for j in range(dots.shape[1]):
             if dist[j] < bounds[0]:  # else its upper bound cannot lower the root
                 kernels.push_bound(bounds, dist[j] + kernels.distance_window(dist[j], qn[i], gn[j], metric, c_dot))
@@ -144,6 +142,17 @@ def nearest_update(dots, qf, gf, qa, ga, qn, gn, q_index, g_index, metric, c_dot
                     kernels.insert_key(keys[i], exact, np.float64(g_index[j]))
                     far[i] = max(far[i], exact)
     return settled
+
+
+@nb.njit(nogil=True, cache=True)
+def fast_distances(dots, qa, ga, metric, out):
+    """``kernels.pair_distance`` of one row's dot products, a loop per metric (vectorised)."""
+    if metric == kernels.COSINE:
+        for j in range(dots.shape[0]):
+            out[j] = 1.0 - np.float64(dots[j]) / (qa * ga[j])
+    else:
+        for j in range(dots.shape[0]):
+            out[j] = max(qa + ga[j] - 2.0 * np.float64(dots[j]), 0.0)
 
 
 def read_u_rows(sets: tuple, rows: np.ndarray, dtype) -> np.ndarray:
@@ -166,34 +175,35 @@ def pair_distances(sets: tuple, metric: str, dtype, first: np.ndarray, second: n
     order = np.lexsort((second, first))
     first, second = first[order], second[order]
     parts = u_parts(sets)
-    n = parts[-1].offset + len(parts[-1].fs)
     tasks = []
-    for a, b in runner.plan.query_ranges(n):
-        lo, hi = np.searchsorted(first, [a, b])
-        if lo < hi:
-            tasks.append(delayed(block_pair_distances)(sets, source, dtype, first[lo:hi], second[lo:hi], runner.plan))
+    for part in parts:
+        for a, b in runner.plan.query_ranges(len(part.fs)):
+            lo, hi = np.searchsorted(first, [part.offset + a, part.offset + b])
+            if lo < hi:
+                rows = delayed(u_rows)(part, a, b, source, dtype)
+                tasks.append(delayed(block_pair_distances)(sets, source, dtype, rows, first[lo:hi], second[lo:hi],
+                                                           runner.plan))
     out = np.empty(first.shape[0])
     out[order] = np.concatenate(runner.compute(delayed(list)(tasks))) if tasks else np.empty(0)
     return out
 
 
-def block_pair_distances(sets: tuple, source, dtype, first: np.ndarray, second: np.ndarray, plan) -> np.ndarray:
-    """``pair_distances`` of pairs whose first rows lie in one block: those rows read once, then the
-    second rows chunk by chunk."""
-    rows = np.unique(first)
-    qf = read_u_rows(sets, rows, dtype)
-    qa = source.prepare(sets[0], rows, qf)[0]
-    at = np.searchsorted(rows, first)
+def block_pair_distances(sets: tuple, source, dtype, rows: graph.Rows, first: np.ndarray, second: np.ndarray,
+                         plan) -> np.ndarray:
+    """``pair_distances`` of pairs whose first rows lie in one block of U rows (``rows``, read), U's
+    chunks that hold second rows read in turn."""
+    at = first - rows.index[0]
     out = np.empty(first.shape[0])
     by_second = np.argsort(second, kind="stable")
-    n = int(sum(len(fs) for fs in sets))
-    for c, e in plan.gallery_ranges(n):
-        lo, hi = np.searchsorted(second[by_second], [c, e])
+    ordered = second[by_second]
+    for part, c, e in graph.gallery_chunks(plan, u_parts(sets)):
+        lo, hi = np.searchsorted(ordered, [part.offset + c, part.offset + e])
         if lo == hi:
             continue
         picked = by_second[lo:hi]
-        gf = read_u_rows(sets, np.arange(c, e), dtype)
-        ga = source.prepare(sets[0], slice(c, e), gf)[0]
-        out[picked] = kernels.pair_distances(qf, gf, at[picked], second[picked] - c, qa, ga, source.metric)
+        gf = read_rows(part.fs, slice(c, e), dtype)[0]
+        ga = source.prepare(part.fs, slice(c, e), gf)[0]
+        out[picked] = kernels.pair_distances(rows.features, gf, at[picked], second[picked] - part.offset - c,
+                                             rows.terms, ga, source.metric)
     out[first == second] = 0.0
     return np.maximum(out, 0.0)
