@@ -94,50 +94,66 @@ def assert_equals_reference(result, want: dict, where) -> None:
         assert [e["distance"] for e in record["top"]] == pytest.approx(want["top_distance"][q], rel=0, abs=VALUE_TOL), (where, q)
 
 
-def check(data, want, where, chunkings=CHUNKINGS[:2], **options) -> None:
+def check(data, want, where, chunkings, **options) -> None:
     for chunking in chunkings:
         result = streameval.evaluate(data, **OPTIONS, **options, **chunking)
         assert_equals_reference(result, want, (where, chunking))
 
 
+def spread(cases):
+    """Each case with one chunking of CHUNKINGS in turn: every chunking is met without running
+    every case under every chunking (that is the slow test's job)."""
+    return [(*case, CHUNKINGS[n % len(CHUNKINGS)]) for n, case in enumerate(cases)]
+
+
 # ----------------------------------------------------------------------------------------- tests
 
+FLAVOUR_METRIC = [(flavour, metric) for flavour in FLAVOUR_NAMES for metric in ("cosine", "euclidean")]
 
-@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
-@pytest.mark.parametrize("flavour", FLAVOUR_NAMES)
-def test_every_flavour_equals_the_reference_at_the_defaults(flavour, metric):
+
+@pytest.mark.parametrize("flavour, metric, chunking", spread(zip(FLAVOUR_NAMES, ["cosine", "euclidean"] * 2)))
+def test_every_flavour_equals_the_reference_at_the_defaults(flavour, metric, chunking):
+    """k1 = 20, k2 = 6, lambda = 0.3; the other metric of each flavour is in the AQE test below
+    and in the slow test that runs every flavour, metric and chunking."""
     data = problem(0)
+    want = expected_rerank(data, flavour, metric, 20, 6, 0.3)
+    check(data, want, (flavour, metric), [chunking], metric=metric, rerank=rerank_option(flavour, 20, 6, 0.3))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flavour, metric", FLAVOUR_METRIC)
+def test_every_flavour_metric_and_chunking(flavour, metric):
+    data = problem(11)
     want = expected_rerank(data, flavour, metric, 20, 6, 0.3)
     check(data, want, (flavour, metric), CHUNKINGS, metric=metric, rerank=rerank_option(flavour, 20, 6, 0.3))
 
 
-@pytest.mark.parametrize("flavour", FLAVOUR_NAMES)
-def test_odd_k1_and_no_query_expansion(flavour):
+@pytest.mark.parametrize("flavour, metric, chunking", spread(zip(FLAVOUR_NAMES, ["sqeuclidean", "cosine"] * 2)))
+def test_odd_k1_and_no_query_expansion(flavour, metric, chunking):
     """k1 = 19: h = 10 (matlab) or 11 (the ports); k2 = 1: V without the QE step."""
     data = problem(1)
-    for metric in ("cosine", "sqeuclidean"):
-        want = expected_rerank(data, flavour, metric, 19, 1, 0.3)
-        check(data, want, (flavour, metric), metric=metric, rerank=rerank_option(flavour, 19, 1, 0.3))
+    want = expected_rerank(data, flavour, metric, 19, 1, 0.3)
+    check(data, want, (flavour, metric), [chunking], metric=metric, rerank=rerank_option(flavour, 19, 1, 0.3))
 
 
-@pytest.mark.parametrize("flavour", FLAVOUR_NAMES)
-def test_small_k1_leaves_non_candidates_in_their_original_order(flavour):
-    """k1 = 3: most pairs have J = 1 (6.2's non-candidates); k2 = 6 > L1 (the lists must reach k2)."""
+@pytest.mark.parametrize("flavour, k1, k2, chunking", spread(zip(FLAVOUR_NAMES, [3, 5, 5, 3], [6, 2, 6, 2])))
+def test_small_k1_leaves_non_candidates_in_their_original_order(flavour, k1, k2, chunking):
+    """k1 = 3 or 5: most pairs have J = 1 (6.2's non-candidates); k2 = 6 > L1 for k1 = 3 (and for
+    fast-reid's L1 = k1 = 5): the lists must reach k2."""
     data = problem(2, nq=6, ng=60)
-    for k1, k2 in ((3, 6), (5, 2)):
-        want = expected_rerank(data, flavour, "euclidean", k1, k2, 0.3)
-        assert want["reference"]["n_candidates"] < data["q_pids"].size * data["g_pids"].size
-        check(data, want, (flavour, k1, k2), metric="euclidean", rerank=rerank_option(flavour, k1, k2, 0.3))
+    want = expected_rerank(data, flavour, "euclidean", k1, k2, 0.3)
+    assert want["reference"]["n_candidates"] < data["q_pids"].size * data["g_pids"].size
+    check(data, want, (flavour, k1, k2), [chunking], metric="euclidean", rerank=rerank_option(flavour, k1, k2, 0.3))
 
 
-@pytest.mark.parametrize("flavour", FLAVOUR_NAMES)
-def test_exact_duplicates_and_ties_everywhere_are_broken_by_index(flavour):
+@pytest.mark.parametrize("flavour, metric, lam, chunking", spread(zip(
+    FLAVOUR_NAMES, ["sqeuclidean", "cosine", "euclidean", "cosine"], [0.3, 0.0, 1.0, 0.0])))
+def test_exact_duplicates_and_ties_everywhere_are_broken_by_index(flavour, metric, lam, chunking):
     """Features in {-1, 0, 1}^3: many exact duplicates, so equal keys in every neighbour list and, with
-    lambda = 0 (final = J), every non-candidate at exactly 1."""
+    lambda = 0 (final = J), every non-candidate at exactly 1; lambda = 1: final = A."""
     data = problem(3, nq=7, ng=36, dim=3, vmax=1)
-    for metric, lam in (("sqeuclidean", 0.3), ("cosine", 0.0), ("euclidean", 1.0)):
-        want = expected_rerank(data, flavour, metric, 6, 3, lam)
-        check(data, want, (flavour, metric, lam), metric=metric, rerank=rerank_option(flavour, 6, 3, lam))
+    want = expected_rerank(data, flavour, metric, 6, 3, lam)
+    check(data, want, (flavour, metric, lam), [chunking], metric=metric, rerank=rerank_option(flavour, 6, 3, lam))
 
 
 def test_junk_pids_change_the_evaluation_not_the_reranking():
@@ -150,50 +166,48 @@ def test_junk_pids_change_the_evaluation_not_the_reranking():
         assert_equals_reference(result, want, junk)
 
 
-def test_the_default_flavour_and_parameters():
-    """rerank="matlab": k1 = 20, k2 = 6, lambda = 0.3."""
+def test_the_defaults_and_the_rerank_section():
+    """rerank="matlab": k1 = 20, k2 = 6, lambda = 0.3; the section reports them with L1, h and N."""
     data = problem(5)
     want = expected_rerank(data, "matlab", "cosine", 20, 6, 0.3)
-    assert_equals_reference(streameval.evaluate(data, **OPTIONS, metric="cosine", rerank="matlab"), want, "default")
+    result = streameval.evaluate(data, **OPTIONS, metric="cosine", rerank="matlab")
+    assert_equals_reference(result, want, "default")
+    section = result.to_dict()["rerank"]
+    assert {k: section[k] for k in ("flavour", "k1", "k2", "lambda", "L1", "h", "N", "metric")} == {
+        "flavour": "matlab", "k1": 20, "k2": 6, "lambda": 0.3, "L1": 21, "h": 11, "N": 48, "metric": "cosine"}
 
 
-def test_the_rerank_section_reports_the_lists():
-    data = problem(6)
-    want = expected_rerank(data, "layumi", "cosine", 19, 6, 0.3)["reference"]
-    section = streameval.evaluate(data, **OPTIONS, metric="cosine", rerank=rerank_option("layumi", 19, 6, 0.3)).to_dict()["rerank"]
-    assert {k: section[k] for k in ("flavour", "k1", "k2", "lambda", "L1", "h", "N")} == {
-        "flavour": "layumi", "k1": 19, "k2": 6, "lambda": 0.3, "L1": want["L1"], "h": want["h"], "N": 48}
-    assert section["metric"] == "cosine"
-
-
-@pytest.mark.parametrize("metric", ["cosine", "sqeuclidean"])
-def test_aqe_alone_equals_the_reference(metric):
-    """The ordinary evaluation on the expanded features (float64), k = 5 and alpha = 3 (the
-    defaults) over one and two rounds, and k = 2, alpha = 1."""
+@pytest.mark.parametrize("metric, qe, chunking", spread([
+    ("cosine", dict(k=5, alpha=3.0, times=2)), ("sqeuclidean", dict(k=2, alpha=1.0, times=1)), ("cosine", "aqe")]))
+def test_aqe_alone_equals_the_reference(metric, qe, chunking):
+    """The ordinary evaluation on the expanded features (float64): two rounds of the defaults
+    (k = 5, alpha = 3), k = 2 with alpha = 1, and qe="aqe" (one round of the defaults)."""
     data = problem(7)
-    for qe in (dict(k=5, alpha=3.0, times=1), dict(k=5, alpha=3.0, times=2), dict(k=2, alpha=1.0, times=1)):
-        check(data, expected_aqe(data, metric, qe), (metric, qe), metric=metric, qe=qe)
-    assert_equals_reference(streameval.evaluate(data, **OPTIONS, metric=metric, qe="aqe"),
-                            expected_aqe(data, metric, dict(k=5, alpha=3.0, times=1)), "qe=aqe")
+    spelled = dict(k=5, alpha=3.0, times=1) if qe == "aqe" else qe
+    check(data, expected_aqe(data, metric, spelled), (metric, qe), [chunking], metric=metric, qe=qe)
 
 
-@pytest.mark.parametrize("flavour", FLAVOUR_NAMES)
-def test_aqe_then_rerank_equals_the_reference(flavour):
+@pytest.mark.parametrize("flavour, metric, chunking", spread(zip(FLAVOUR_NAMES, ["euclidean", "cosine"] * 2)))
+def test_aqe_then_rerank_equals_the_reference(flavour, metric, chunking):
     data = problem(8)
     qe = dict(k=5, alpha=3.0, times=1)
-    for metric in ("cosine", "euclidean"):
-        want = expected_rerank(data, flavour, metric, 20, 6, 0.3, qe=qe)
-        check(data, want, (flavour, metric), metric=metric, qe=qe, rerank=rerank_option(flavour, 20, 6, 0.3))
+    want = expected_rerank(data, flavour, metric, 20, 6, 0.3, qe=qe)
+    check(data, want, (flavour, metric), [chunking], metric=metric, qe=qe, rerank=rerank_option(flavour, 20, 6, 0.3))
 
 
 def test_a_float16_store_on_disk(tmp_path):
+    """Features read from a store in chunks of 7 rows: the kNN pass, AQE's expanded features and the
+    scoring pass all read it."""
     data = problem(9)
     path = tmp_path / "s.zarr"
     streameval.write_store(path, data["qf"], data["q_pids"], data["q_camids"], data["gf"], data["g_pids"],
                            data["g_camids"], dtype="float16", chunk_rows=7)
-    for flavour in FLAVOUR_NAMES:
-        want = expected_rerank(data, flavour, "cosine", 20, 6, 0.3)
-        check(str(path), want, flavour, CHUNKINGS[2:], metric="cosine", rerank=rerank_option(flavour, 20, 6, 0.3))
+    qe = dict(k=5, alpha=3.0, times=1)
+    want = expected_rerank(data, "torchreid", "cosine", 19, 6, 0.3)
+    check(str(path), want, "store", CHUNKINGS[1:2], metric="cosine", rerank=rerank_option("torchreid", 19, 6, 0.3))
+    want = expected_rerank(data, "fastreid", "euclidean", 19, 6, 0.3, qe=qe)
+    check(str(path), want, "store, aqe", CHUNKINGS[:1], metric="euclidean", qe=qe,
+          rerank=rerank_option("fastreid", 19, 6, 0.3))
 
 
 @pytest.fixture(scope="module")
@@ -203,6 +217,7 @@ def cluster():
         yield local.scheduler_address
 
 
+@pytest.mark.slow
 def test_a_dask_cluster_equals_the_reference(cluster, tmp_path):
     """The kNN pass and the scoring pass on worker processes (a store they open)."""
     data = problem(10)
@@ -210,12 +225,12 @@ def test_a_dask_cluster_equals_the_reference(cluster, tmp_path):
     streameval.write_store(path, data["qf"], data["q_pids"], data["q_camids"], data["gf"], data["g_pids"],
                            data["g_camids"], chunk_rows=9)
     qe = dict(k=5, alpha=3.0, times=1)
-    for flavour, metric, with_qe in (("matlab", "cosine", False), ("fastreid", "euclidean", True)):
+    for flavour, metric, with_qe, chunking in (("matlab", "cosine", False, dict()),
+                                               ("fastreid", "euclidean", True, dict(query_block=3, gallery_chunk=7))):
         want = expected_rerank(data, flavour, metric, 19, 6, 0.3, qe=qe if with_qe else None)
-        for chunking in (dict(), dict(query_block=3, gallery_chunk=7)):
-            result = streameval.evaluate(str(path), **OPTIONS, metric=metric, scheduler=cluster, qe=qe if with_qe else None,
-                                         rerank=rerank_option(flavour, 19, 6, 0.3), **chunking)
-            assert_equals_reference(result, want, (flavour, metric, chunking))
+        result = streameval.evaluate(str(path), **OPTIONS, metric=metric, scheduler=cluster, qe=qe if with_qe else None,
+                                     rerank=rerank_option(flavour, 19, 6, 0.3), **chunking)
+        assert_equals_reference(result, want, (flavour, metric, chunking))
 
 
 @st.composite
@@ -232,10 +247,24 @@ def random_cases(draw):
             k1, k2, draw(st.sampled_from([0.0, 0.3, 1.0])), chunking)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(random_cases())
-def test_random_small_problems(case):
+def check_random_case(case) -> None:
     data, flavour, metric, k1, k2, lam, chunking = case
     want = expected_rerank(data, flavour, metric, k1, k2, lam)
     result = streameval.evaluate(data, **OPTIONS, metric=metric, rerank=rerank_option(flavour, k1, k2, lam), **chunking)
     assert_equals_reference(result, want, (flavour, metric, k1, k2, lam, chunking))
+
+
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@settings(max_examples=4, **SETTINGS)
+@given(random_cases())
+def test_random_small_problems(case):
+    check_random_case(case)
+
+
+@pytest.mark.slow
+@settings(max_examples=30, **SETTINGS)
+@given(random_cases())
+def test_more_random_small_problems(case):
+    check_random_case(case)
