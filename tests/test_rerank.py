@@ -5,12 +5,17 @@ test_rerank_reference.py).
 For every flavour and metric: per-query AP (to 1e-9), first-hit ranks (exact) and the top-10
 ranked lists (gallery rows exact, final values to 1e-12) equal the reference's on the final
 re-ranked distances, under the market protocol with junk (-1) and distractors (0) in U like any
-row.  Integer-valued features make every canonical distance exact and ties frequent: exact
-duplicates (a gallery row repeated, a query equal to a gallery row) put items at equal keys,
-broken by index in the neighbour lists and in the evaluation.  Odd k1 (h differs between the
+row.  Integer-valued features make every dot product exact and ties frequent: exact duplicates (a
+gallery row repeated, a query equal to a gallery row) put items at equal keys, broken by index in
+the neighbour lists and in the evaluation.  AQE's expanded features are float64 non-integers: the
+reference sums their distances in the engine's canonical order, so the values agree to the bit and
+the expanded duplicates stay exact ties.  Odd k1 (h differs between the
 flavours), k2 = 1 (no query expansion), k2 > L1, small k1 (non-candidates, J = 1), lambda 0 (only
 J: the non-candidates tie at 1) and 1; several chunkings, a zarr store, a Dask cluster; AQE alone
-and AQE then re-ranking.
+and AQE then re-ranking.  As 6.1's exactness says, queries with two final values within summation
+rounding of each other that are not the same computation are left out (``undecided_queries``); a
+fixed problem keeps most of its queries.  Each fast test runs one chunking (every chunking is met across them); the
+full flavour x metric x chunking product, the cluster and most random problems are marked slow.
 """
 
 from __future__ import annotations
@@ -23,13 +28,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import streameval
+from streameval.engine.cluster import PIN_ENV
 from streameval.features.rerank.flavours import FLAVOURS
 
-from reference import distance_matrix
-from rerank_reference import aqe_reference, evaluate_matrix, rerank_reference
+from rerank_reference import aqe_reference, base_distance, evaluate_matrix, rerank_reference
 
 AP_TOL = 1e-9
 VALUE_TOL = 1e-12
+NEAR = 1e-12  # relative to S: closer final values are decided exactly only between alike ones
 TOP = 10
 FLAVOUR_NAMES = sorted(FLAVOURS)
 # the defaults; interleaved chunks counted by three threads and merged; one query per block, one thread
@@ -40,7 +46,7 @@ OPTIONS = dict(protocol="market", no_gom=True, ranked_list=TOP)
 # --------------------------------------------------------------------------------------- problems
 
 
-def problem(seed: int, nq: int = 8, ng: int = 40, dim: int = 6, vmax: int = 3) -> dict:
+def problem(seed: int, nq: int = 8, ng: int = 40, dim: int = 8, vmax: int = 4) -> dict:
     """Integer features with exact duplicates (gallery rows 3 and 9, query 1 = gallery row 12), no
     all-zero row (cosine); pids with several positives, junk -1, distractors 0, open-set queries."""
     rng = np.random.default_rng(seed)
@@ -68,33 +74,71 @@ def expected_rerank(data, flavour, metric, k1, k2, lam, qe=None, junk_pids=(-1,)
     if qe:
         qf, gf = aqe_reference(qf, gf, qe["k"], qe["alpha"], qe["times"])
     ref = rerank_reference(qf, gf, flavour, metric, k1, k2, lam)
-    return {**evaluate_matrix(ref["final"], *ids(data), junk_pids=junk_pids, k=TOP), "reference": ref}
+    nq = len(qf)
+
+    def alike(q, g1, g2):
+        """final(q, g1) and final(q, g2) are the same computation: equal A (one canonical formula)
+        and J both 1 (no common support) or of equal V rows (exact duplicates)."""
+        same_a = lam == 0 or ref["a"][q, g1] == ref["a"][q, g2]
+        same_j = lam == 1 or (ref["jaccard"][q, g1] == ref["jaccard"][q, g2] == 1.0
+                              or np.array_equal(ref["v"][nq + g1], ref["v"][nq + g2]))
+        return same_a and same_j
+
+    overlap = 2 * (1 - ref["jaccard"]) / (2 - ref["jaccard"])  # S, from J = 1 - S / (2 - S)
+    return {**evaluate_matrix(ref["final"], *ids(data), junk_pids=junk_pids, k=TOP), "reference": ref,
+            "undecided": undecided_queries(ref["final"], alike, overlap)}
 
 
 def expected_aqe(data, metric, qe) -> dict:
+    """The ordinary evaluation of the expanded features: "cosine" or "sqeuclidean" distances."""
     qf, gf = aqe_reference(data["qf"], data["gf"], qe["k"], qe["alpha"], qe["times"])
-    return evaluate_matrix(distance_matrix(qf, gf, metric), *ids(data), k=TOP)
+    final = base_distance(qf, gf, metric)
+    return {**evaluate_matrix(final, *ids(data), k=TOP),
+            "undecided": undecided_queries(final, lambda q, g1, g2: np.array_equal(gf[g1], gf[g2]))}
+
+
+def undecided_queries(final: np.ndarray, alike, overlap=None) -> set[int]:
+    """Queries whose order the spec leaves open.  6.1: V, S and J may be summed in any order
+    (differences ~1e-16 relative to S), AQE's means too; so two final values closer than
+    ``NEAR`` x S (the larger overlap) plus a few units of rounding of the values themselves are
+    decided by the tie rule only where they are the same computation (``alike``).  Small problems
+    with few distinct distances have such near-ties: S of different terms equal in exact arithmetic
+    (the reference itself rounds one such J = 0.5 to 0.4999999999999999).  Exact duplicates and
+    non-candidates are alike: their ties are decided by index, and asserted."""
+    overlap = np.zeros_like(final) if overlap is None else overlap
+    undecided = set()
+    for q, row in enumerate(final):
+        order = np.lexsort((np.arange(row.size), row))
+        for g1, g2 in zip(order[:-1], order[1:]):
+            slack = NEAR * max(overlap[q, g1], overlap[q, g2]) + 8 * np.finfo(float).eps * abs(row[g2])
+            if row[g2] - row[g1] <= slack and not alike(q, g1, g2):
+                undecided.add(q)
+    return undecided
 
 
 # ------------------------------------------------------------------------------------- assertions
 
 
 def assert_equals_reference(result, want: dict, where) -> None:
-    """AP to 1e-9, first hits exact, the top-10 kept gallery rows exact with their final values to 1e-12."""
-    got_ap = np.asarray(result.per_query["ap"], dtype=np.float64)
-    want_ap = np.asarray(want["ap"], dtype=np.float64)
+    """AP to 1e-9, first hits exact, the top-10 kept gallery rows exact with their final values to
+    1e-12, for every query but the undecided ones (``undecided_queries``)."""
+    decided = [q for q in range(len(want["ap"])) if q not in want["undecided"]]
+    got_ap = np.asarray(result.per_query["ap"], dtype=np.float64)[decided]
+    want_ap = np.asarray(want["ap"], dtype=np.float64)[decided]
     np.testing.assert_array_equal(np.isnan(got_ap), np.isnan(want_ap), err_msg=str(where))
     np.testing.assert_allclose(got_ap, want_ap, rtol=0, atol=AP_TOL, equal_nan=True, err_msg=str(where))
-    np.testing.assert_array_equal(np.asarray(result.per_query["first_hit_rank"]), want["first_hit_rank"],
-                                  err_msg=str(where))
+    np.testing.assert_array_equal(np.asarray(result.per_query["first_hit_rank"])[decided],
+                                  np.asarray(want["first_hit_rank"])[decided], err_msg=str(where))
     records = {record["query"]: record for record in result.ranked_lists}
     assert sorted(records) == list(range(len(want["top"]))), where
-    for q, record in records.items():
+    for q in decided:
+        record = records[q]
         assert [e["gallery"] for e in record["top"]] == want["top"][q], (where, q)
         assert [e["distance"] for e in record["top"]] == pytest.approx(want["top_distance"][q], rel=0, abs=VALUE_TOL), (where, q)
 
 
 def check(data, want, where, chunkings, **options) -> None:
+    assert 2 * len(want["undecided"]) <= len(want["ap"]), (where, "most queries of a fixed problem are decided")
     for chunking in chunkings:
         result = streameval.evaluate(data, **OPTIONS, **options, **chunking)
         assert_equals_reference(result, want, (where, chunking))
@@ -213,7 +257,9 @@ def test_a_float16_store_on_disk(tmp_path):
 @pytest.fixture(scope="module")
 def cluster():
     distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as local:
+    # as --cluster local starts it (engine/cluster.py), on a free dashboard port
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, env=PIN_ENV,
+                                  dashboard_address=":0") as local:
         yield local.scheduler_address
 
 
