@@ -239,6 +239,20 @@ def test_aqe_then_rerank_equals_the_reference(flavour, metric, chunking):
     check(data, want, (flavour, metric), [chunking], metric=metric, qe=qe, rerank=rerank_option(flavour, 20, 6, 0.3))
 
 
+def test_aqe_keeps_exact_duplicates_tied_in_the_reranked_distances():
+    """Gallery rows 3 and 9 are equal, so are their expanded features, V rows and A: query 4's final
+    values of them are one computation and tie, by index (a case where a float64 GEMM's dot product
+    of the two rows differs in the last bit with the row's position)."""
+    data = problem(8, dim=6, vmax=3)
+    qe = dict(k=5, alpha=3.0, times=1)
+    want = expected_rerank(data, "torchreid", "cosine", 20, 6, 0.3, qe=qe)
+    assert 4 not in want["undecided"]
+    ref = want["reference"]["final"][4]
+    assert ref[3] == ref[9]
+    check(data, want, "duplicates after aqe", CHUNKINGS[:1], metric="cosine", qe=qe,
+          rerank=rerank_option("torchreid", 20, 6, 0.3))
+
+
 def test_a_float16_store_on_disk(tmp_path):
     """Features read from a store in chunks of 7 rows: the kNN pass, AQE's expanded features and the
     scoring pass all read it."""
