@@ -102,7 +102,7 @@ def rerank_reference(qf, gf, flavour, metric: str = "cosine", k1: int = 20, k2: 
     if flavour.clamp:
         jaccard = np.maximum(jaccard, 0.0)
     a = b[:nq, nq:] / rowmax[:nq, None] if flavour.normalised else d[:nq, nq:]
-    return {"final": (1.0 - lam) * jaccard + lam * a, "jaccard": jaccard, "rstar": rstar, "v": v, "L1": l1, "h": h,
+    return {"final": (1.0 - lam) * jaccard + lam * a, "jaccard": jaccard, "a": a, "rstar": rstar, "v": v, "L1": l1, "h": h,
             "n_candidates": int((jaccard < 1.0).sum())}
 
 
