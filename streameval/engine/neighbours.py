@@ -90,13 +90,13 @@ def nearest_in_chunk(part, start: int, stop: int, rows: graph.Rows, source, dtyp
     else:
         keys, far, settled = before[0].copy(), before[1].copy(), before[2]
     chunk = u_rows(part, start, stop, source, dtype)
-    bounds, dist = np.empty(k), np.empty(stop - start)
+    bounds, dist, candidates = np.empty(k), np.empty(stop - start), np.empty(stop - start, dtype=np.int64)
     for first in range(0, len(rows.index), graph.QUERY_SUB_BLOCK):
         sub = slice(first, first + graph.QUERY_SUB_BLOCK)
         dots = source.block(part, start, stop, rows, chunk, sub)
         settled += nearest_update(dots, rows.features[sub], chunk.features, rows.terms[sub], chunk.terms,
                                   rows.norms[sub], chunk.norms, rows.index[sub], chunk.index, source.metric,
-                                  source.c_dot, keys[sub], far[sub], bounds, dist)
+                                  source.c_dot, source.c_refine, keys[sub], far[sub], bounds, dist, candidates)
     return keys, far, settled
 
 
@@ -105,17 +105,24 @@ def merge_found(a, b):
 
 
 @nb.njit(nogil=True, cache=True)
-def nearest_update(dots, qf, gf, qa, ga, qn, gn, q_index, g_index, metric, c_dot, keys, far, bounds, dist):
+def nearest_update(dots, qf, gf, qa, ga, qn, gn, q_index, g_index, metric, c_dot, c_refine, keys, far, bounds, dist,
+                   candidates):
     """Add a block's rows to each query row's list ``keys[i]`` (k smallest (distance, U row)) and
     exact farthest distance ``far[i]``; returns the pairs whose canonical distance was computed.
 
-    Per row, the fast distances (``dist``, scratch) are scanned twice against limits, the window
-    (``kernels.distance_window``) computed only near them: first the k-th smallest upper bound U
-    over the list and the block (a max-heap) and the largest fast distance; then the canonical
-    distance of every row whose lower bound is at most U (it may enter the list) or whose upper
-    bound reaches the largest lower bound F (it may be the farthest).  For cosine and squared
-    euclidean distances a pair's window does not depend on its distance, so the widest one of the
-    row (at the block's largest norm) bounds them all.  A row's distance to itself is 0."""
+    Per row, three rounds, each on the rows the last one left open (``dist``, ``candidates``:
+    scratch), a row's window (``kernels.distance_window``) computed only near the limits:
+
+    1. the fast distances: the k-th smallest upper bound U over the list and the block (a max-heap),
+       the largest lower bound F (with the farthest so far); rows whose lower bound is at most U (they
+       may enter the list) or whose upper bound reaches F (they may be the farthest) stay open.  For
+       cosine and squared euclidean distances a pair's window does not depend on its distance, so the
+       row's widest window (at the block's largest norm) bounds them all;
+    2. their float64 dot products in any order (``kernels.refined_dots``, windows ~1e-13): U and F
+       again over them;
+    3. the canonical distance of those still open, into the list and the farthest.
+
+    A row's distance to itself is 0, and a distance rounded below 0 (cosine) counts as 0."""
     settled = 0
     k = bounds.shape[0]
     gn_max = gn.max() if gn.shape[0] else 0.0
@@ -130,17 +137,35 @@ def nearest_update(dots, qf, gf, qa, ga, qn, gn, q_index, g_index, metric, c_dot
                 kernels.push_bound(bounds, dist[j] + kernels.distance_window(dist[j], qn[i], gn[j], metric, c_dot))
         cut = bounds[0]
         lowest = max(far[i], largest - widest)
+        n = 0
         for j in range(dots.shape[1]):
             d = dist[j]
             if (d - widest <= cut) | (d + widest >= lowest):
                 w = kernels.distance_window(d, qn[i], gn[j], metric, c_dot)
                 if (d - w <= cut) | (d + w >= lowest):
-                    exact = 0.0  # a distance rounded below 0 (cosine) counts as 0, as does a row's own
-                    if q_index[i] != g_index[j]:
-                        exact = max(kernels.canonical_distance(qf, gf, i, j, qa[i], ga[j], metric), 0.0)
-                    settled += 1
-                    kernels.insert_key(keys[i], exact, np.float64(g_index[j]))
-                    far[i] = max(far[i], exact)
+                    candidates[n] = j
+                    n += 1
+        refined = kernels.refined_dots(qf, gf, np.full(n, i), candidates[:n])
+        for m in range(k):
+            bounds[m] = keys[i, k - 1 - m, 0]
+        lowest = far[i]
+        for c in range(n):
+            j = candidates[c]
+            refined[c] = kernels.pair_distance(refined[c], qa[i], ga[j], metric)
+            w = kernels.distance_window(refined[c], qn[i], gn[j], metric, c_refine)
+            kernels.push_bound(bounds, refined[c] + w)
+            lowest = max(lowest, refined[c] - w)
+        cut = bounds[0]
+        for c in range(n):
+            j = candidates[c]
+            w = kernels.distance_window(refined[c], qn[i], gn[j], metric, c_refine)
+            if (refined[c] - w <= cut) | (refined[c] + w >= lowest):
+                exact = 0.0
+                if q_index[i] != g_index[j]:
+                    exact = max(kernels.canonical_distance(qf, gf, i, j, qa[i], ga[j], metric), 0.0)
+                settled += 1
+                kernels.insert_key(keys[i], exact, np.float64(g_index[j]))
+                far[i] = max(far[i], exact)
     return settled
 
 
