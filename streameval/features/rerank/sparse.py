@@ -210,6 +210,19 @@ def _row_normalised(indptr, w):
 
 
 @_inline
+def _accumulate(acc, stamp, touched, size, m, owner, value):
+    """acc[m] += value in a sparse accumulator of ``owner`` (a row): the first touch of m by this owner
+    (``stamp``) zeroes it and lists m in ``touched[:size]``; returns the new size."""
+    if stamp[m] != owner:
+        stamp[m] = owner
+        acc[m] = 0.0
+        touched[size] = m
+        size += 1
+    acc[m] += value
+    return size
+
+
+@_inline
 def _qe_row(i, qe, k2, v_indptr, v_cols, v_vals, acc, stamp, out_cols, out_vals):
     """V_qe(i) = (1/k2) sum of V over rows ``qe[i]`` (fewer than k2 where N is), into ``out_cols`` /
     ``out_vals`` (unordered, nonzero entries only: an underflowed weight is no support); returns its size.  ``acc`` and
@@ -218,13 +231,7 @@ def _qe_row(i, qe, k2, v_indptr, v_cols, v_vals, acc, stamp, out_cols, out_vals)
     for a in range(qe.shape[1]):
         j = qe[i, a]
         for e in range(v_indptr[j], v_indptr[j + 1]):
-            m = v_cols[e]
-            if stamp[m] != i:
-                stamp[m] = i
-                acc[m] = 0.0
-                out_cols[size] = m
-                size += 1
-            acc[m] += v_vals[e]
+            size = _accumulate(acc, stamp, out_cols, size, v_cols[e], i, v_vals[e])
     kept = 0
     for s in range(size):
         m = out_cols[s]
@@ -311,13 +318,7 @@ def _similarities(q_indptr, q_cols, q_vals, inv_indptr, inv_rows, inv_vals, clam
         for e in range(q_indptr[q], q_indptr[q + 1]):
             m = q_cols[e]
             for f in range(inv_indptr[m], inv_indptr[m + 1]):
-                u = inv_rows[f]
-                if stamp[u] != q:
-                    stamp[u] = q
-                    acc[u] = 0.0
-                    reached[size] = u
-                    size += 1
-                acc[u] += min(q_vals[e], inv_vals[f])
+                size = _accumulate(acc, stamp, reached, size, inv_rows[f], q, min(q_vals[e], inv_vals[f]))
         rows = reached[:size]
         rows.sort()
         cols = _room(cols, indptr[q], size)
