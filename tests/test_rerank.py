@@ -221,6 +221,28 @@ def test_the_defaults_and_the_rerank_section():
         "flavour": "matlab", "k1": 20, "k2": 6, "lambda": 0.3, "L1": 21, "h": 11, "N": 48, "metric": "cosine"}
 
 
+@pytest.mark.parametrize("flavour", FLAVOUR_NAMES)
+def test_fewer_items_than_the_lists_take_all_of_u(flavour):
+    """N = 14 < L1 = 21: every top list is all of U, as the dense codes' argsort gives it."""
+    data = problem(11, nq=4, ng=10)
+    want = expected_rerank(data, flavour, "euclidean", 20, 6, 0.3)
+    result = streameval.evaluate(data, **OPTIONS, metric="euclidean", rerank=rerank_option(flavour, 20, 6, 0.3))
+    assert_equals_reference(result, want, flavour)
+    assert result.to_dict()["rerank"]["knn"]["list_length"] == 14
+
+
+def test_options_out_of_range_are_refused_before_any_work():
+    data = problem(12, nq=4, ng=10)
+    with pytest.raises(streameval.OptionError, match="--qe-k 15 is more than the 14 queries"):
+        streameval.evaluate(data, qe={"k": 15})
+    with pytest.raises(streameval.OptionError, match="rerank must be one of"):
+        streameval.evaluate(data, rerank="zhong")
+    with pytest.raises(streameval.OptionError, match="--rerank-k2 only go with --rerank"):
+        streameval.evaluate(data, rerank_k2=3)
+    with pytest.raises(streameval.OptionError, match="keeps no state"):
+        streameval.evaluate(data, rerank="matlab", state="unused-state")
+
+
 @pytest.mark.parametrize("metric, qe, chunking", spread([
     ("cosine", dict(k=5, alpha=3.0, times=2)), ("sqeuclidean", dict(k=2, alpha=1.0, times=1)), ("cosine", "aqe")]))
 def test_aqe_alone_equals_the_reference(metric, qe, chunking):

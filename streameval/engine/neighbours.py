@@ -38,14 +38,15 @@ class Neighbours:
 
 
 def neighbour_pass(sets: tuple, k: int, metric: str, runner, dtype) -> Neighbours:
-    """Each U row's exact top-``k`` and farthest distance under ``metric`` ("cosine" or
-    "sqeuclidean": ``nearest_update``'s windows do not depend on the distance),
+    """Each U row's exact top-``k`` (all of U when it holds fewer rows) and farthest distance under
+    ``metric`` ("cosine" or "sqeuclidean": ``nearest_update``'s windows do not depend on the distance),
     U = the rows of ``sets`` in order: one U x U pass on ``runner`` (query blocks of U, chains of
     chunks per worker, the lists merged as sorted keys), GEMMs in ``dtype`` settled exactly."""
     if metric not in ("cosine", "sqeuclidean"):
         raise ValueError(f"the kNN pass takes cosine or sqeuclidean distances, not {metric!r}")
     source = sources.block_source(metric, sets[0].dim, dtype)
     parts = u_parts(sets)
+    k = min(k, parts[-1].offset + len(parts[-1].fs))  # a list of all of U is as long as one gets
     chunks = graph.gallery_chunks(runner.plan, parts)
     work = 0
     blocks = []

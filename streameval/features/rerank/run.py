@@ -23,7 +23,12 @@ def prepare_run(store, settings, runner, temporary):
     spec = settings.rerank
     dtype = knn_dtype(store, settings)
     if spec.qe is not None:
+        from ...core.errors import OptionError
         from ...core.outputs import temporary_folder
+
+        if spec.qe.k > len(store.query) + len(store.gallery):
+            raise OptionError(f"--qe-k {spec.qe.k} is more than the {len(store.query) + len(store.gallery):,} queries "
+                              "and gallery rows it averages over")
         from .expansion import expand
 
         folder = temporary.enter_context(temporary_folder())
@@ -56,7 +61,7 @@ def reranked(store, settings, runner, dtype):
     flavour = FLAVOURS[spec.flavour]
     base = flavour.base_metric(settings.metric)
     sets, n_queries = (store.query, store.gallery), len(store.query)
-    lists = max(flavour.lists(spec.k1), spec.k2)
+    lists = min(max(flavour.lists(spec.k1), spec.k2), n_queries + len(store.gallery))  # all of U at most
     compute = partial(neighbour_pass, sets, lists, base, runner, dtype)
     cached = False
     if runner.knn_cache is None:
