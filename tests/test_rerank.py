@@ -350,3 +350,21 @@ def test_random_small_problems(case):
 @given(random_cases())
 def test_more_random_small_problems(case):
     check_random_case(case)
+
+
+def test_every_feature_reads_the_reranked_distances_as_a_distance_store_would():
+    """GOM, trials, open-set identification and verification on --rerank equal the same options on
+    the reference's final matrix given as a distance store (a matrix made elsewhere)."""
+    data = problem(13, nq=8, ng=40)
+    want = expected_rerank(data, "matlab", "euclidean", 20, 6, 0.3)
+    options = dict(protocol="market", open_set=True, verification=True, auc=True, trials=3)
+    ids_only = {key: value for key, value in data.items() if not key.endswith("f")}
+    stored = streameval.evaluate({**ids_only, "distances": want["reference"]["final"]}, **options)
+    reranked = streameval.evaluate(data, metric="euclidean", rerank="matlab", **options)
+    assert reranked.mAP == pytest.approx(stored.mAP, abs=1e-12)
+    np.testing.assert_allclose(reranked.cmc, stored.cmc, atol=1e-12)
+    for name in ("MREP", "MFR", "mReP_max"):
+        assert reranked.gom[name] == pytest.approx(stored.gom[name], abs=1e-9), name
+    assert reranked.open_set["points"] == stored.open_set["points"]
+    assert reranked.verification["points"] == stored.verification["points"]
+    assert reranked.verification["auc"] == pytest.approx(stored.verification["auc"], abs=1e-12)
