@@ -97,6 +97,8 @@ def test_the_expanded_store_evaluates_like_the_reference_features(tmp_path):
     data = problem(seed=5)
     qf, q_pids, q_camids, gf, g_pids, g_camids = data
     expanded = expand(stored(tmp_path / "store.zarr", data), dense_pass, 5, 3.0, 1, tmp_path / "qe", block_rows=2)
+    with pytest.raises(streameval.OptionError, match="holds float64 features, which float32 GEMMs would round"):
+        streameval.evaluate(expanded.path, metric="cosine", no_gom=True)
     result = streameval.evaluate(expanded.path, metric="cosine", precision="float64", no_gom=True)
     q_want, g_want = aqe_reference(qf, gf, k=5, alpha=3.0, times=1)
     ref = reference_evaluate(q_want, q_pids, q_camids, g_want, g_pids, g_camids, metric="cosine")

@@ -92,14 +92,15 @@ def row_number(rows, i: int) -> int:
     return int(rows[i]) if np.ndim(rows) else rows + i
 
 
-def feature_dtype(dtype) -> np.dtype:
-    """A stored feature dtype named by the user (an option: OptionError otherwise)."""
+def feature_dtype(dtype, choices=FEATURE_DTYPES[:2]) -> np.dtype:
+    """A stored feature dtype named by the user (an option: OptionError otherwise): float16 or float32
+    (``choices``: float64 too where streameval writes features it computed, query expansion's)."""
     try:
         dtype = np.dtype(dtype)
     except TypeError:
         dtype = None
-    if dtype not in FEATURE_DTYPES:
-        raise OptionError(f"dtype must be float16, float32 or float64, got {dtype}")
+    if dtype not in choices:
+        raise OptionError(f"dtype must be {' or '.join(str(choice) for choice in choices)}, got {dtype}")
     return dtype
 
 

@@ -16,8 +16,8 @@ from zarr.codecs import Crc32cCodec, ZstdCodec
 from ..core.errors import StoreError, StoreWarning, one_line
 from ..core.locking import replacing, writing
 from ..core.outputs import refuse_foreign
-from .layout import (CAMERAS_ATTR, CHECKSUM_BYTES, COMMITTED_ATTR, DEFAULT_CHUNK_ROWS, FIELDS, ID_FILL, RECREATE, SCHEMA_VERSION, UID_ATTR,
-                     FeatureSet, Store, describe, is_local_path, open_store, plain_group, refuse_links)
+from .layout import (CAMERAS_ATTR, CHECKSUM_BYTES, COMMITTED_ATTR, DEFAULT_CHUNK_ROWS, FEATURE_DTYPES, FIELDS, ID_FILL,
+                     RECREATE, SCHEMA_VERSION, UID_ATTR, FeatureSet, Store, describe, is_local_path, open_store, plain_group, refuse_links)
 from .identity import UPGRADING_ATTR, bound_group, upgrade
 from .paths import appended_paths, write_path_rows
 from .values import check_batch, check_metric, feature_dtype
@@ -100,7 +100,7 @@ def create_store(
     ``overwrite`` is set.  ``cameras=False``: the input has no camera ids (the rows are written
     with camera 0, and protocols that use cameras refuse the store).
     """
-    dtype = feature_dtype(dtype)
+    dtype = feature_dtype(dtype, FEATURE_DTYPES)
     check_metric(default_metric)
     if dim <= 0:
         raise StoreError(f"cannot create a store with {n_query} queries, {n_gallery} gallery rows, dim {dim}")
