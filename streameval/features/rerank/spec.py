@@ -46,12 +46,10 @@ class Spec:
         None when neither re-ranking nor query expansion is asked for."""
         request = {key: value for key, value in (request or {}).items() if value is not None}
         rerank, qe = _record(request.pop("rerank", None), "flavour"), _record(request.pop("qe", None), "kind")
-        given = request
-        if rerank is None and any(key in given for key in FLAT):
-            raise OptionError(f"{', '.join(_cli(key) for key in given if key in FLAT)} only go with --rerank "
-                              "(rerank=FLAVOUR)")
-        if qe is None and any(key in given for key in QE_FLAT):
-            raise OptionError(f"{', '.join(_cli(key) for key in given if key in QE_FLAT)} only go with --qe aqe")
+        for record, flat, needs in ((rerank, FLAT, "--rerank (rerank=FLAVOUR)"), (qe, QE_FLAT, "--qe aqe")):
+            stray = [_cli(key) for key in request if key in flat]
+            if record is None and stray:
+                raise OptionError(f"{', '.join(stray)} only go with {needs}")
         if rerank is None and qe is None:
             return None
         flavour = None
@@ -62,7 +60,7 @@ class Spec:
                 raise OptionError(f"rerank must be one of {', '.join(FLAVOURS)}, got {flavour!r}")
             values.update({key: rerank.pop(key) for key in list(rerank) if key in values})
             _no_more(rerank, "rerank")
-            values.update({FLAT[key]: value for key, value in given.items() if key in FLAT})
+            values.update({FLAT[key]: value for key, value in request.items() if key in FLAT})
             if metric not in ("cosine", "euclidean", "sqeuclidean"):
                 raise OptionError(f"--rerank re-ranks feature distances (cosine, euclidean), not {metric!r}: a "
                                   "distance store's values are already final")
@@ -73,7 +71,7 @@ class Spec:
             picked = dict(QE_DEFAULTS)
             picked.update({key: qe.pop(key) for key in list(qe) if key in picked})
             _no_more(qe, "qe")
-            picked.update({QE_FLAT[key]: value for key, value in given.items() if key in QE_FLAT})
+            picked.update({QE_FLAT[key]: value for key, value in request.items() if key in QE_FLAT})
             expansion = Expansion(check_range(picked["k"], "qe_k"), check_range(picked["alpha"], "qe_alpha"),
                                   check_range(picked["times"], "qe_times"))
         return cls(flavour, check_range(values["k1"], "rerank_k1"), check_range(values["k2"], "rerank_k2"),
