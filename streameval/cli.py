@@ -22,7 +22,7 @@ from .core.choices import MAX_RANK_LIMIT, METRICS, PRECISIONS, RANGES, SUMMARY_F
 from .core.errors import StoreWarning, StreamevalError
 from .features import REGISTRY
 from .engine.plan import SIZE_UNITS, parse_bytes
-from .core.signals import stopped
+from .core.signals import raise_if_stopped, stopped
 from .suite.plan import PRESETS as SUITE_PRESETS
 
 
@@ -48,7 +48,9 @@ class _Group(click.Group):
             with warnings.catch_warnings():
                 warnings.simplefilter("always", StoreWarning)  # once per store: store.layout.warn_once
                 warnings.showwarning = _show_warning
-                return super().invoke(ctx)
+                result = super().invoke(ctx)
+            raise_if_stopped()  # a Ctrl-C a finaliser swallowed (``signals``) still stops the command
+            return result
         except StreamevalError as exc:
             _fail(ctx, str(exc), exc.exit_code)
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM under the console script (``signals``)

@@ -374,6 +374,32 @@ def test_ctrl_c_while_the_temporary_store_is_removed_waits_for_the_removal(npy_f
     assert list(tmp_path.iterdir()) == []
 
 
+FINALISER_INTERRUPTED = """
+import os, signal, sys, time
+from streameval.core import locking
+release = locking.Reading.release
+def slow_release(self):  # a reader lock released by the garbage collector: a Ctrl-C lands in __del__
+    if self.fd >= 0 and not getattr(locking, "sent", False):
+        locking.sent = True
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+    release(self)
+locking.Reading.release = slow_release
+from streameval.entry import main
+sys.argv = ["streameval", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_ctrl_c_swallowed_by_a_finaliser_still_stops_the_run_in_one_line(store):
+    """Python ignores an exception raised in ``__del__``: the signal is recorded, and the command
+    ends as stopped (exit 130, one line, no "Exception ignored" traceback) instead of exit 0."""
+    proc = subprocess.run([sys.executable, "-c", FINALISER_INTERRUPTED, "eval", str(store)],
+                          capture_output=True, text=True, timeout=120)
+    assert "Exception ignored" not in proc.stderr
+    assert_stopped_in_one_line(proc.returncode, proc.stderr, [signal.SIGINT])
+
+
 # ---------------------------------------------------------------------------------------- sizes
 
 
