@@ -8,6 +8,7 @@ import pytest
 
 import streameval
 from streameval.core.errors import OptionError
+from streameval.core.resampling import bootstrap_interval, t_interval
 from streameval.run.significance import metric_samples
 
 NQ, NG, DIM, IDS = 48, 260, 8, 10
@@ -112,3 +113,88 @@ def test_two_directions_are_sampled_one_at_a_time(arrays):
         one = record["directions"][direction]
         unit, samples = metric_samples(one)
         assert unit == "query" and samples["mAP"].mean() == pytest.approx(one["mAP"], rel=1e-12)
+
+
+# ------------------------------------------------------------------------ confidence intervals (--ci)
+
+
+def without(record: dict, *keys) -> dict:
+    return {k: v for k, v in record.items() if k not in keys}
+
+
+@pytest.mark.parametrize("protocol", ["market", "sysu-all"])
+def test_ci_is_the_interval_of_each_metric_s_samples_and_changes_nothing_else(arrays, protocol):
+    plain = streameval.evaluate(arrays, protocol=protocol, max_rank=10, progress=False)
+    result = streameval.evaluate(arrays, protocol=protocol, max_rank=10, progress=False, ci=0.9, ci_resamples=500,
+                                 ci_seed=3)
+    assert plain.ci is None and "ci" not in plain.to_dict()
+    assert without(result.to_dict(per_query=True), "run", "ci") == without(plain.to_dict(per_query=True), "run")
+    assert "confidence intervals" in result.run["phases"]
+    unit, samples = metric_samples(plain.to_dict(per_query=True))
+    ci = result.to_dict()["ci"]
+    assert set(ci["intervals"]) == set(samples) and ci["level"] == 0.9 and ci["unit"] == unit
+    for name, values in samples.items():
+        want = bootstrap_interval(values, 0.9, 500, 3) if unit == "query" else t_interval(values, 0.9)
+        assert ci["intervals"][name] == pytest.approx(list(want), rel=1e-13), name
+    if unit == "query":
+        assert (ci["method"], ci["resamples"], ci["seed"]) == ("bootstrap over queries (percentile)", 500, 3)
+    else:
+        assert (ci["method"], ci["resamples"], ci["seed"]) == ("t over trials", None, None)
+
+
+def test_ci_of_two_directions_is_per_direction(arrays):
+    result = streameval.evaluate(arrays, protocol="regdb", max_rank=10, progress=False, ci=0.95, ci_resamples=200)
+    for name, one in result.directions.items():
+        want = bootstrap_interval(metric_samples(one)[1]["mAP"], 0.95, 200, 0)
+        assert one["ci"]["intervals"]["mAP"] == pytest.approx(list(want), rel=1e-13), name
+    assert result.ci == result.directions["v2t"]["ci"]  # the result's values are its first direction's
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"ci": 1.0}, "ci must be a number from 0.5 to 0.999"),
+    ({"ci": float("nan")}, "ci must be a number"),
+    ({"ci": 0.95, "ci_resamples": 10}, "ci_resamples must be an integer from 100 to"),
+    ({"ci": 0.95, "ci_seed": -1}, "ci_seed must be a non-negative integer"),
+])
+def test_ci_options_are_checked_before_any_work(options, message):
+    with pytest.raises(OptionError, match=message):
+        streameval.evaluate("/nonexistent/store.zarr", **options)  # the store would fail next
+
+
+@pytest.fixture(scope="module")
+def store(arrays, tmp_path_factory):
+    from streameval.store import write_store
+
+    path = tmp_path_factory.mktemp("ci") / "s.zarr"
+    write_store(path, arrays["qf"], arrays["q_pids"], arrays["q_camids"], arrays["gf"], arrays["g_pids"],
+                arrays["g_camids"])
+    return str(path)
+
+
+def test_ci_is_not_part_of_a_saved_state(store, tmp_path):
+    state = tmp_path / "state"
+    saved = streameval.evaluate(store, max_rank=10, state=state, ci=0.95, ci_resamples=200, progress=False)
+    assert streameval.update(store, state, progress=False).ci is None  # no --ci now: none, and no refusal
+    again = streameval.update(store, state, ci=0.8, ci_resamples=200, progress=False)
+    assert again.ci == streameval.evaluate(store, max_rank=10, ci=0.8, ci_resamples=200, progress=False).ci
+    assert again.ci != saved.ci
+
+
+def test_cli_ci_in_the_json_and_as_half_widths_in_the_tables(store):
+    from cli_checks import cli
+
+    want = streameval.evaluate(store, ci=0.9, ci_resamples=300, progress=False).ci
+    got = json.loads(cli("eval", store, "--json", "-", "-q", "--ci", "0.9", "--ci-resamples", "300").stdout)
+    assert got["ci"] == want
+    half = {name: (hi - lo) / 2 for name, (lo, hi) in want["intervals"].items()}
+    table = cli("eval", store, "--ci", "0.9", "--ci-resamples", "300").stdout
+    assert "90% confidence intervals, bootstrap over queries (percentile), 300 resamples, seed 0:" in table
+    assert f"mAP {100 * got['mAP']:.2f}% +- {100 * half['mAP']:.2f}" in table
+    assert f"MREP {got['gom']['MREP']:.4f} +- {half['MREP']:.4f}" in table
+    markdown = cli("eval", store, "--ci", "0.9", "--ci-resamples", "300", "--format", "markdown").stdout
+    row = markdown.splitlines()[2]
+    assert "(± 90% CI)" in row and f"| {100 * got['rank1']:.2f} ± {100 * half['rank1']:.2f} |" in row
+    assert f"| {100 * got['mINP']:.2f} ± {100 * half['mINP']:.2f} |" in row
+    csv = cli("eval", store, "--ci", "0.9", "--ci-resamples", "300", "--format", "csv").stdout
+    assert "mAP (%),mAP CI half width (%)" in csv.splitlines()[0]
+    assert "std" not in csv and "confidence" not in cli("eval", store).stdout  # no --ci: no interval

@@ -42,6 +42,7 @@ class Result:
     verification: dict | None = None  # with verification=True: TAR@FAR, AUC, ROC (docs/options.md#the-json-result, features/verification/)
     rerank: dict | None = None  # with rerank / qe: how the distances were re-ranked (docs/reranking.md, features/rerank/)
     warnings: list = field(default_factory=list)  # what the numbers may hide, e.g. a protocol keeping few queries
+    ci: dict | None = None  # with ci=LEVEL: each metric's confidence interval (docs/significance.md#confidence-intervals)
 
     def rank(self, k: int) -> float | None:
         """CMC@k for an integer 1 <= k <= max_rank; None when no query has a positive (Q+ empty)."""
@@ -118,6 +119,8 @@ class Result:
             out["rerank"] = self.rerank
         if self.warnings:
             out["warnings"] = list(self.warnings)
+        if self.ci is not None:
+            out["ci"] = self.ci
         return out
 
 

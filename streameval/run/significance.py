@@ -11,8 +11,11 @@ per-trial values.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
+from ..core.choices import check_range
 from ..core.errors import OptionError
 
 CLOSED_SET = {"mAP": "ap", "mAP_trapezoid": "ap_trapezoid", "mINP": "inp"}  # metric -> its per-query key
@@ -77,3 +80,54 @@ def _cmc_rank(record: dict, per_query: dict) -> np.ndarray | None:
     if record.get("cmc_flavour", "first-hit") == "first-hit":
         return np.asarray(per_query["first_hit_rank"])
     return np.asarray(per_query["rho"]) if "rho" in per_query else None
+
+
+METHODS = {"query": "bootstrap over queries (percentile)", "trial": "t over trials"}
+
+
+def check_intervals(level, resamples, seed) -> tuple | None:
+    """(level, resamples, seed) checked against their ranges (``choices.RANGES``), None when no
+    interval is asked for (``level`` None)."""
+    if level is None:
+        return None
+    return check_range(level, "ci"), check_range(resamples, "ci_resamples"), check_range(seed, "ci_seed")
+
+
+def intervals(record: dict, level: float, resamples: int, seed: int) -> dict:
+    """The ``ci`` section of a result ``record`` (as ``metric_samples``'): how the intervals were
+    made and each metric's [lo, hi], the percentile bootstrap over queries or the t-interval
+    over trials (``core.resampling``).  The CI options never change another number."""
+    from ..core.resampling import bootstrap_interval, t_interval
+
+    unit, samples = metric_samples(record)
+    if unit == "query":
+        found = {}
+        # the draws depend on n and the seed only: the metrics over as many queries share one bootstrap
+        for n in {len(values): None for values in samples.values()}:
+            same = [name for name, values in samples.items() if len(values) == n]
+            lo_hi = bootstrap_interval(np.stack([samples[name] for name in same], axis=1), level, resamples, seed)
+            found.update({name: lo_hi[:, k] for k, name in enumerate(same)})
+        found = {name: found[name] for name in samples}
+    else:
+        found = {name: t_interval(values, level) for name, values in samples.items()}
+    return {"level": level, "method": METHODS[unit], "resamples": resamples if unit == "query" else None,
+            "seed": seed if unit == "query" else None, "unit": unit,
+            "intervals": {name: [_number(lo), _number(hi)] for name, (lo, hi) in found.items()}}
+
+
+def add_intervals(result, level: float, resamples: int, seed: int) -> None:
+    """Set ``result.ci`` (and each direction's ``ci`` for a protocol with two: the result's values
+    are its first direction's), timed as the run's phase "confidence intervals"."""
+    started = time.perf_counter()
+    if result.directions:
+        for one in result.directions.values():
+            one["ci"] = intervals(one, level, resamples, seed)
+        result.ci = next(iter(result.directions.values()))["ci"]
+    else:  # the per-query arrays as they are, not their JSON lists
+        result.ci = intervals({**result.to_dict(), "per_query": result.per_query}, level, resamples, seed)
+    result.add_phase("confidence intervals", time.perf_counter() - started)
+
+
+def _number(value) -> float | None:
+    """JSON-ready: NaN (an interval undefined with one trial) becomes None."""
+    return None if value != value else float(value)
