@@ -198,3 +198,21 @@ def test_cli_ci_in_the_json_and_as_half_widths_in_the_tables(store):
     csv = cli("eval", store, "--ci", "0.9", "--ci-resamples", "300", "--format", "csv").stdout
     assert "mAP (%),mAP CI half width (%)" in csv.splitlines()[0]
     assert "std" not in csv and "confidence" not in cli("eval", store).stdout  # no --ci: no interval
+
+
+def test_aggregate_tables_show_each_run_s_interval_and_the_std_over_runs(store, tmp_path):
+    from cli_checks import cli
+
+    files = []
+    for seed in (0, 1):
+        path = tmp_path / f"run{seed}.json"
+        cli("eval", store, "--json", path, "-q", "--ci", "0.95", "--ci-resamples", "200", "--ci-seed", seed)
+        files.append(path)
+    runs = [json.loads(f.read_text()) for f in files]
+    lines = cli("aggregate", *files, "--format", "markdown").stdout.splitlines()
+    for line, run in zip(lines[2:4], runs):
+        lo, hi = run["ci"]["intervals"]["mAP"]
+        assert "(± 95% CI)" in line and f"{100 * run['mAP']:.2f} ± {100 * (hi - lo) / 2:.2f}" in line
+    assert "mean ± std (2 runs)" in lines[4]
+    header = cli("aggregate", *files, "--format", "csv").stdout.splitlines()[0]
+    assert "mAP std or CI half width (%)" in header
