@@ -202,6 +202,8 @@ def test_one_run_or_a_foreign_object_is_refused(files):
         streameval.compare(files[:1])
     with pytest.raises(OptionError, match="Result objects or paths of result JSON files, got int"):
         streameval.compare([files[0], 3])
+    with pytest.raises(OptionError, match="a list of runs"):
+        streameval.compare(str(files[0]))
 
 
 # ------------------------------------------------------------------------------- command line
@@ -249,3 +251,15 @@ def test_the_command_refuses_bad_values_at_once(files, args, says):
 def test_the_command_prints_the_table_as_asked(files):
     shown = cli("compare", *files, "--resamples", "500", "--format", "latex", "--test", "wilcoxon", "--alpha", "0.01")
     assert shown.stdout == streameval.compare(files, resamples=500).table("latex", "wilcoxon", 0.01) + "\n"
+
+
+def test_json_on_stdout_puts_the_table_on_stderr_and_other_versions_are_a_warning(files, tmp_path):
+    record = json.loads(files[1].read_text())
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps({**record, "streameval_version": "0.0.1"}))
+    shown = cli("compare", files[0], older, "--resamples", "200", "--json", "-")
+    expected = streameval.compare([files[0], older], resamples=200)
+    assert json.loads(shown.stdout) == json.loads(json.dumps(expected.to_dict()))
+    assert expected.to_dict()["warnings"] == [expected.warnings[0]]
+    assert shown.stderr == (f"warning: {expected.warnings[0]}\n" + expected.table() + "\n")
+    assert "different streameval versions" in expected.warnings[0]

@@ -139,3 +139,10 @@ def test_sums_equal_but_for_rounding_count_as_ties():
     resamples = 20_000
     got = randomization_p(tenths / 10, resamples, seed=1)
     assert abs(got - exact) <= 4 * math.sqrt(exact * (1 - exact) / resamples) + 1 / (resamples + 1), (got, exact)
+
+
+def test_pairs_tested_together_equal_each_tested_alone():
+    """compare tests every (metric, run) pair over as many units in one call: the same draws."""
+    pairs = [pair(80, shift, seed) for shift, seed in ((0.0, 20), (0.03, 21), (-0.02, 22))]
+    together = paired_tests(np.stack([b for b, _ in pairs], 1), np.stack([o for _, o in pairs], 1), 0.9, 700, 5)
+    assert together == [paired_tests(b, o, 0.9, 700, 5) for b, o in pairs]

@@ -128,15 +128,15 @@ def compare(results, metrics=None, seed: int = 0, level: float = 0.95, resamples
         check_range(seed, "ci_seed")
     if correction not in CORRECTIONS:
         raise OptionError(f"correction must be one of {', '.join(CORRECTIONS)}, got {correction!r}")
+    if isinstance(results, (str, os.PathLike)) or hasattr(results, "to_dict"):
+        raise OptionError("compare takes a list of runs (Result objects or paths), the baseline first; got one run")
     runs = _runs(list(results), labels)
     warnings = check_compatible(runs)
     _check_same_units(runs)
     unit, samples = _samples(runs)
     names = _metric_names(samples[0], metrics)
-    found = {name: _compare_metric(runs, [s.get(name) for s in samples], name, level, resamples, seed, correction)
-             for name in names}
-    for one in found.values():
-        one["unit"] = unit
+    tested = _paired(runs, samples, names, level, resamples, seed)
+    found = {name: _metric_section(runs, samples, name, tested, unit, correction) for name in names}
     return Comparison([run.label for run in runs], [run.path or None for run in runs], unit, found, level,
                       resamples, seed, correction, warnings)
 
@@ -206,22 +206,43 @@ def _metric_names(baseline: dict, metrics) -> list[str]:
     return list(dict.fromkeys(metrics))
 
 
-def _compare_metric(runs: list[Run], samples: list, name: str, level, resamples, seed, correction) -> dict:
-    from ..core.paired import holm, paired_tests
+def _paired(runs: list[Run], samples: list, names: list, level, resamples, seed) -> dict:
+    """(metric, label) -> ``paired_tests`` of that run against the baseline.  The pairs over as
+    many units are tested in one call: they share the resamples' draws (as each call of the same
+    seed would draw them), drawn once."""
+    import numpy as np
 
-    base = samples[0]
-    compared = {}
-    for run, values in zip(runs[1:], samples[1:]):
-        if values is None or len(values) != len(base):
-            raise ResultFileError(f"{name} has {len(base)} samples in {runs[0].label} and "
-                                  f"{'none' if values is None else len(values)} in {run.label}: they cannot be paired")
-        compared[run.label] = paired_tests(base, values, level, resamples, seed)
-    if correction == "holm":  # one family per metric and test: the compared runs
+    from ..core.paired import paired_tests
+
+    groups: dict = {}
+    for name in names:
+        base = samples[0][name]
+        for run, found in zip(runs[1:], samples[1:]):
+            values = found.get(name)
+            if values is None or len(values) != len(base):
+                raise ResultFileError(f"{name} has {len(base)} samples in {runs[0].label} and "
+                                      f"{'none' if values is None else len(values)} in {run.label}: they cannot be paired")
+            groups.setdefault(len(base), []).append(((name, run.label), base, values))
+    tested = {}
+    for pairs in groups.values():
+        keys, bases, others = zip(*pairs)
+        tested.update(zip(keys, paired_tests(np.stack(bases, axis=1), np.stack(others, axis=1), level, resamples,
+                                             seed)))
+    return tested
+
+
+def _metric_section(runs: list[Run], samples: list, name: str, tested: dict, unit: str, correction: str) -> dict:
+    """One metric's part of the comparison: n, each run's value, each compared run's tests, with
+    Holm's correction over the compared runs (one family per test)."""
+    from ..core.paired import holm
+
+    compared = {run.label: tested[name, run.label] for run in runs[1:]}
+    if correction == "holm":
         adjusted = {test: holm([one["p"][test] for one in compared.values()]) for test in PAIRED_TESTS}
         for i, one in enumerate(compared.values()):
             one["p_corrected"] = {test: float(adjusted[test][i]) for test in PAIRED_TESTS}
-    return {"n": int(len(base)), "values": {run.label: float(s.mean()) for run, s in zip(runs, samples)},
-            "runs": compared}
+    return {"n": int(len(samples[0][name])), "unit": unit,
+            "values": {run.label: float(found[name].mean()) for run, found in zip(runs, samples)}, "runs": compared}
 
 
 def _json_ready(value):
