@@ -180,19 +180,15 @@ def _samples(runs: list[Run]) -> tuple[str, list[dict]]:
     """(the unit, each run's samples by metric); a run without per-query values is named."""
     from ..run.significance import metric_samples
 
-    units, samples = [], []
+    samples = []
     for run in runs:
         try:
             unit, found = metric_samples(run.result)
         except OptionError as exc:
             where = f"'{run.path}'" if run.path else run.label
             raise OptionError(f"{where}: {exc}") from None
-        units.append(unit)
         samples.append(found)
-    if len(set(units)) > 1:
-        raise ResultFileError(f"the runs' samples differ in unit: {units[0]} in {runs[0].label}, "
-                              + ", ".join(f"{u} in {run.label}" for u, run in zip(units[1:], runs[1:])))
-    return units[0], samples
+    return unit, samples  # one unit: the settings, trials among them, are the same
 
 
 def _metric_names(baseline: dict, metrics) -> list[str]:
