@@ -4,11 +4,10 @@
 Batches are kept as given (numpy arrays, or torch tensors moved to the host: ``io.arrays.host_array``)
 until they pass the buffer budget; then every row held goes into the evaluator's store, a temporary
 one (removed by ``reset``, ``close``, the end of a ``with`` block, garbage collection or the
-interpreter's exit) or the one named by ``path`` (kept: a normal store).  ``compute`` evaluates the
-store with the options given, after writing the rows still held; without a store yet it writes them
-to a store in memory, as ``evaluate`` does with arrays, so the result is ``evaluate``'s on the
-concatenated arrays either way.
-"""
+interpreter's exit) or the one named by ``path`` (kept: a normal store).  ``compute`` writes the
+rows still held there too and evaluates the store with the options given: memory holds no row then,
+and the result is ``evaluate``'s on the concatenated arrays (which writes them to a store in memory:
+the numbers do not depend on the store's chunks)."""
 
 from __future__ import annotations
 
@@ -23,9 +22,9 @@ from ..core.choices import check_range
 from ..core.errors import OptionError, StoreError
 from ..core.locking import writing
 from ..core.outputs import check_folder, temporary_folder
-from ..engine.plan import parse_bytes
+from ..engine.plan import default_chunk_rows, parse_bytes
 from ..io.arrays import host_array
-from ..store import (DEFAULT_CHUNK_ROWS, FIELDS, array_dtype, check_batch, commit_gallery, create_store, describe, new_store,
+from ..store import (FIELDS, array_dtype, check_batch, commit_gallery, create_store, describe, new_store,
                      refuse_existing, write_rows, write_store)
 from .evaluation import evaluate
 from .pipeline import feature_requests
@@ -33,7 +32,9 @@ from .settings import PROTOCOL_OPTIONS, Execution, Settings
 from .result import Result
 
 SIDES = ("query", "gallery")
-DEFAULT_BUFFER_BUDGET = 256 << 20  # bytes of batches held before they go to the store
+# bytes of batches held before they go to the store: the memory they took may stay with the process
+# (the allocator keeps what they free) and add to the evaluation's, so a fraction of it
+DEFAULT_BUFFER_BUDGET = 64 << 20
 
 
 class Evaluator:
@@ -44,15 +45,15 @@ class Evaluator:
     execution keywords), checked here.  ``buffer_budget``: bytes of added rows held in memory (a
     size such as "256MiB"; 0 writes each batch to the store at once) before they go to the store;
     ``path``: the store's path (kept, and replaced only with ``overwrite``), by default a temporary
-    one; ``chunk_rows``: the store's rows per chunk.
+    one; ``chunk_rows``: the store's rows per chunk (default: ~8 MiB chunks).
     """
 
     def __init__(self, *, buffer_budget=DEFAULT_BUFFER_BUDGET, path=None, overwrite: bool = False,
-                 chunk_rows: int = DEFAULT_CHUNK_ROWS, **options):
+                 chunk_rows: int | None = None, **options):
         check_options(options)
         self.options = options
         self.buffer_budget = check_range(parse_bytes(buffer_budget), "buffer_budget")
-        self.chunk_rows = check_range(chunk_rows, "chunk_rows")
+        self.chunk_rows = None if chunk_rows is None else check_range(chunk_rows, "chunk_rows")
         self.path = path
         if path is not None:
             check_folder(path, "store")
@@ -75,10 +76,7 @@ class Evaluator:
         if missing:
             raise OptionError(f"compute() needs query and gallery rows; none added yet to the {' and the '.join(missing)}"
                               f" ({', '.join(f'add_{side_method(side)}' for side in missing)})")
-        if self._store is None and self.path is None:
-            return evaluate(self._written(GrowingStore(zarr.storage.MemoryStore(), *self._layout)).opened(),
-                            **self.options)
-        self._spill()
+        self._spill(whole=True)  # the store then holds every row, and memory none: the evaluation's own is all it takes
         return evaluate(self._store.opened(), **self.options)
 
     def reset(self) -> None:
@@ -111,9 +109,11 @@ class Evaluator:
 
     @property
     def _layout(self) -> tuple:
-        """A store's dimension, dtype (``write_store``'s of arrays: ``array_dtype``) and chunk rows."""
+        """A store's dimension, dtype (``write_store``'s of arrays: ``array_dtype``) and chunk rows (by
+        default those of ~8 MiB chunks, as synth and convert make them)."""
         dim, dtype = self._first
-        return dim, array_dtype(dtype), self.chunk_rows
+        dtype = array_dtype(dtype)
+        return dim, dtype, self.chunk_rows or default_chunk_rows(dim, dtype.itemsize)
 
     def _add(self, side: str, features, pids, camids) -> None:
         """Check every batch first: a refused call adds nothing."""
@@ -130,18 +130,14 @@ class Evaluator:
         if self._held > self.buffer_budget:
             self._spill()
 
-    def _spill(self) -> None:
-        """Every row held into the evaluator's store (made on the first spill)."""
+    def _spill(self, whole: bool = False) -> None:
+        """The rows held into the evaluator's store (made by the first spill): every one if
+        ``whole``, else those that fill its chunks (the others stay held: each chunk is written once)."""
         if self._store is None:
             self._store = GrowingStore(self._store_path(), *self._layout, overwrite=self._overwrite)
-        self._written(self._store)
-        self._buffer = {side: [] for side in SIDES}
-        self._held = 0
-
-    def _written(self, store: "GrowingStore") -> "GrowingStore":
         for side in SIDES:
-            store.write(side, self._buffer[side])
-        return store
+            self._buffer[side] = self._store.write(side, self._buffer[side], whole)
+        self._held = sum(column.nbytes for side in SIDES for batch in self._buffer[side] for column in batch)
 
     def _store_path(self) -> str:
         if self.path is not None:
@@ -212,20 +208,17 @@ def checked_batch(where: str, features, pids, camids, first: tuple | None) -> tu
     return columns, first or (features.shape[1], features.dtype)
 
 
-def chunk_pieces(batches: list, start: int, chunk_rows: int):
-    """The rows of ``batches``, to be written from row ``start``, as (row, features, pids, camids)
-    pieces that end where the store's chunks end: each chunk is written whole, once (but the last)."""
-    held, row = [], start
-    for batch in batches:
-        while len(batch[0]):
-            room = chunk_rows - (row + sum(len(piece[0]) for piece in held)) % chunk_rows
-            held.append([column[:room] for column in batch])
-            batch = [column[room:] for column in batch]
-            if len(held[-1][0]) == room:
-                yield (row, *(np.concatenate(column) for column in zip(*held)))
-                row, held = row + sum(len(piece[0]) for piece in held), []
-    if held:
-        yield (row, *(np.concatenate(column) for column in zip(*held)))
+def split_rows(batches: list, n: int) -> tuple[list, list]:
+    """(the first ``n`` rows of ``batches``, the others), as lists of batches (views: nothing copied)."""
+    head, rest = [], list(batches)
+    while n > 0 and rest:
+        batch = rest.pop(0)
+        if len(batch[0]) > n:
+            batch, left = (tuple(column[:n] for column in batch), tuple(column[n:] for column in batch))
+            rest.insert(0, left)
+        head.append(batch)
+        n -= len(batch[0])
+    return head, rest
 
 
 class GrowingStore:
@@ -241,19 +234,25 @@ class GrowingStore:
                 self._resize(side, 0)
         self.rows = dict.fromkeys(SIDES, 0)
 
-    def write(self, side: str, batches: list) -> None:
-        """Append the rows of ``batches`` to the set ``side``."""
-        fs, rows = self.sets[side], self.rows[side]
+    def write(self, side: str, batches: list, whole: bool = True) -> list:
+        """Append the rows of ``batches`` to the set ``side``, a chunk at a time, each chunk written
+        once: all of them, or (not ``whole``) those that fill chunks.  Returns the batches of the
+        rows not written."""
+        fs, rows, chunk = self.sets[side], self.rows[side], self.chunk_rows
+        end = rows + sum(len(batch[0]) for batch in batches)
+        end = end if whole else end // chunk * chunk
         try:
             with writing(self.target):
-                for start, features, pids, camids in chunk_pieces(batches, rows, self.chunk_rows):
-                    self._resize(side, start + len(pids))
-                    write_rows(fs, start, features, pids, camids)
-                    rows = start + len(pids)
-        except OSError as exc:  # no space left...: the rows stay held, written again by the next try
+                while rows < end:
+                    piece, batches = split_rows(batches, min(end, (rows // chunk + 1) * chunk) - rows)
+                    features, pids, camids = (np.concatenate(column) for column in zip(*piece))
+                    self._resize(side, rows + len(pids))
+                    write_rows(fs, rows, features, pids, camids)
+                    rows += len(pids)
+        except OSError as exc:  # no space left...: the rows stay held, all written again by the next try
             raise StoreError(f"cannot write the evaluator's store '{self.where}': {exc.strerror or exc}") from None
-        finally:
-            self.rows[side] = rows  # the rows written whole (a later write resizes past them)
+        self.rows[side] = rows
+        return batches
 
     def opened(self):
         """The store with every row written, the gallery's committed: a normal store."""
