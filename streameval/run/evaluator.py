@@ -43,7 +43,8 @@ class Evaluator:
 
     ``options``: ``evaluate``'s keywords (metric, protocol, its overrides, the features' and the
     execution keywords), checked here.  ``buffer_budget``: bytes of added rows held in memory (a
-    size such as "256MiB"; 0 writes each batch to the store at once) before they go to the store;
+    size such as "64MiB"; 0: each chunk of rows is written as soon as it is full) before they go to
+    the store;
     ``path``: the store's path (kept, and replaced only with ``overwrite``), by default a temporary
     one; ``chunk_rows``: the store's rows per chunk (default: ~8 MiB chunks).
     """
@@ -241,12 +242,14 @@ class GrowingStore:
         fs, rows, chunk = self.sets[side], self.rows[side], self.chunk_rows
         end = rows + sum(len(batch[0]) for batch in batches)
         end = end if whole else end // chunk * chunk
+        if end <= rows:
+            return batches
         try:
             with writing(self.target):
+                self._resize(side, end)
                 while rows < end:
                     piece, batches = split_rows(batches, min(end, (rows // chunk + 1) * chunk) - rows)
                     features, pids, camids = (np.concatenate(column) for column in zip(*piece))
-                    self._resize(side, rows + len(pids))
                     write_rows(fs, rows, features, pids, camids)
                     rows += len(pids)
         except OSError as exc:  # no space left...: the rows stay held, all written again by the next try
