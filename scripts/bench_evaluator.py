@@ -37,7 +37,8 @@ METHODS = ("store", "evaluator", "arrays")
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="scripts/bench_evaluator.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+                                epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=2_000_000, help="gallery rows (default: 2,000,000)")
     p.add_argument("--queries", type=int, default=2_000, help="queries (default: 2,000)")
     p.add_argument("--dim", type=int, default=64, help="feature dimension (default: 64)")
@@ -108,8 +109,9 @@ def run_child(args) -> dict:
 
 
 def child(args, method: str, store: str) -> dict:
+    budget = [] if args.buffer_budget is None else ["--buffer-budget", args.buffer_budget]
     command = [sys.executable, os.path.abspath(__file__), "--_run", method, "--_store", store,
-               "--batch", str(args.batch)] + ([] if args.buffer_budget is None else ["--buffer-budget", args.buffer_budget])
+               "--batch", str(args.batch), *budget]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"error: the {method} child failed:\n{done.stderr}")

@@ -75,8 +75,9 @@ class Evaluator:
         """``evaluate`` on every row added so far (more may be added after, and computed again)."""
         missing = [side for side in SIDES if not self._rows[side]]
         if missing:
-            raise OptionError(f"compute() needs query and gallery rows; none added yet to the {' and the '.join(missing)}"
-                              f" ({', '.join(f'add_{side_method(side)}' for side in missing)})")
+            calls = ", ".join(f"add_{side_method(side)}" for side in missing)
+            raise OptionError(f"compute() needs query and gallery rows; none added yet to the "
+                              f"{' and the '.join(missing)} ({calls})")
         self._spill(whole=True)  # the store then holds every row, and memory none: the evaluation's own is all it takes
         return evaluate(self._store.opened(), **self.options)
 
@@ -175,9 +176,9 @@ def check_options(options: dict) -> None:
     Execution.from_options("Evaluator", rest)
     row = np.ones((1, 1), np.float32), [1], [1]
     stand_in = write_store(zarr.storage.MemoryStore(), *row, *row)
+    gom = {key: given[key] for key in ("no_gom", "gom_norm", "gom_bins", "gom_b", "gom_vp")}
     Settings.parse(stand_in, given["metric"], given["protocol"], given["max_rank"], given["precision"],
-                   given["std_ddof"], **{key: given[key] for key in ("no_gom", "gom_norm", "gom_bins", "gom_b", "gom_vp")},
-                   **requests, **overrides)
+                   given["std_ddof"], **gom, **requests, **overrides)
 
 
 def batches_of(side: str, features, pids, camids) -> list[tuple]:
