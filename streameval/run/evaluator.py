@@ -144,6 +144,7 @@ class Evaluator:
     def _store_path(self) -> str:
         if self.path is not None:
             return self.path
+        self._remove_temporary()  # the folder of a store whose making failed
         cleanup = ExitStack()
         folder = cleanup.enter_context(temporary_folder())
         self._temporary = weakref.finalize(self, cleanup.close)  # also at the interpreter's exit
