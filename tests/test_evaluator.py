@@ -341,7 +341,7 @@ def test_options_are_checked_when_the_evaluator_is_made():
             Evaluator(**options)
 
 
-def test_a_cpu_tensor_is_held_without_a_copy():
+def test_a_cpu_tensor_is_read_without_a_copy_and_a_sparse_one_is_refused():
     torch = pytest.importorskip("torch", reason="torch is not installed (scripts/test installs its CPU build)")
     tensor = torch.ones((3, 4), requires_grad=True)
     assert np.shares_memory(host_array(tensor, "features"), tensor.detach().numpy())
