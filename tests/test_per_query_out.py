@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -161,36 +160,33 @@ def test_parquet_and_to_pandas_hold_the_same_table_as_the_csv(tmp_path):
     pandas.testing.assert_frame_equal(pandas.read_csv(tmp_path / "q.csv"), frame)
 
 
-HIDDEN = """import sys
-class Hide:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in {HIDE!r}:
-            raise ModuleNotFoundError(f"No module named {name!r}")
-sys.meta_path.insert(0, Hide())
-"""
+def hint(purpose: str, package: str) -> str:
+    return (f"{purpose} needs {package}, which is not installed: pip install {package} (the 'pandas' extra; "
+            "in the streameval clone: .venv/bin/pip install -e '.[pandas]')")
 
 
-def run_without(modules: set, code: str, tmp_path) -> subprocess.CompletedProcess:
-    """``code`` in a fresh interpreter where importing ``modules`` fails, as when they are not installed."""
-    script = HIDDEN.replace("{HIDE!r}", repr(modules)) + code
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+def hide(monkeypatch, *modules) -> None:
+    for module in modules:
+        monkeypatch.setitem(sys.modules, module, None)  # import fails, as where it is not installed
 
 
-def test_without_pandas_or_pyarrow_parquet_and_to_pandas_say_what_to_install(tmp_path):
+def test_parquet_without_pyarrow_is_refused_before_any_work(tmp_path, monkeypatch):
     store = make_store(tmp_path / "s.zarr", paths=False)
-    refused = run_without({"pyarrow", "fastparquet"}, "from streameval.cli import main\n"
-                          "main(['eval', 's.zarr', '--per-query-out', 'q.parquet'])", tmp_path)
-    assert refused.returncode == 2, refused.stderr
-    assert refused.stderr.splitlines() == [
-        "error: --per-query-out FILE.parquet needs pyarrow, which is not installed: pip install pyarrow (the 'pandas' "
-        "extra; in the streameval clone: .venv/bin/pip install -e '.[pandas]')"]
+    hide(monkeypatch, "pyarrow", "fastparquet")
+    refused = cli("eval", store, "--no-gom", "--per-query-out", tmp_path / "q.parquet", code=2)
+    assert refused.stderr.splitlines() == ["error: " + hint("--per-query-out FILE.parquet", "pyarrow")]
+    hide(monkeypatch, "pandas")
+    refused = cli("eval", store, "--no-gom", "--per-query-out", tmp_path / "q.parquet", code=2)
+    assert refused.stderr.splitlines() == ["error: " + hint("--per-query-out FILE.parquet", "pandas")]
     assert not (tmp_path / "q.parquet").exists()
-    plain = run_without({"pandas"}, "import streameval\nresult = streameval.evaluate('s.zarr', no_gom=True)\n"
-                        "try:\n    result.to_pandas()\nexcept streameval.StreamevalError as exc:\n    print(exc)\n",
-                        tmp_path)
-    assert plain.returncode == 0, plain.stderr
-    assert "Result.to_pandas() needs pandas, which is not installed: pip install pandas" in plain.stdout
-    csv_only = run_without({"pandas", "pyarrow"}, "from streameval.cli import main\n"
-                           "main(['eval', 's.zarr', '-q', '--no-gom', '--per-query-out', 'q.csv'])", tmp_path)
-    assert csv_only.returncode == 0, csv_only.stderr  # the CSV needs neither
+
+
+def test_without_pandas_the_csv_is_written_and_to_pandas_says_what_to_install(tmp_path, monkeypatch):
+    store = make_store(tmp_path / "s.zarr", paths=False)
+    hide(monkeypatch, "pandas", "pyarrow")
+    cli("eval", store, "-q", "--no-gom", "--per-query-out", tmp_path / "q.csv")
     assert read_csv(tmp_path / "q.csv")[0] == ["query", "pid", "camid", *VALUES]
+    result = streameval.evaluate(str(store), no_gom=True)
+    with pytest.raises(streameval.StreamevalError) as refused:
+        result.to_pandas()
+    assert str(refused.value) == hint("Result.to_pandas()", "pandas")
