@@ -327,7 +327,8 @@ _summary_options = _section(
                       "far as the largest; otherwise a rank past the max rank is refused."),
     click.option("--format", "summary_format", type=click.Choice(SUMMARY_FORMATS), default="table", show_default=True,
                  help="Summary layout: the terminal table, or a table to paste (markdown, csv, latex): Rank-k, mAP, "
-                      "mINP, mAP_trapezoid in percent with 2 decimals, GOM values; mean +- std over trials."),
+                      "mINP, mAP_trapezoid in percent with 2 decimals, GOM values; mean +- std over trials (+- the CI half width "
+                      "with --ci)."),
 )
 
 _output_options = _section(
@@ -341,6 +342,19 @@ _output_options = _section(
                       "path, AP, INP, first-hit rank, #positives. Parquet needs pandas and pyarrow."),
     click.option("--quiet", "-q", is_flag=True, help="Print no progress and no summary table."),
     _summary_options,
+)
+
+
+_ci_options = _section(
+    "Output",
+    click.option("--ci", type=Bounded("ci"), default=None, metavar="LEVEL",
+                 help="Also each metric's confidence interval at this level, e.g. 0.95: a percentile bootstrap "
+                      "over queries, or the t-interval over trials; in the JSON ('ci') and as value +- half width "
+                      "in the summary (docs/significance.md)."),
+    click.option("--ci-resamples", type=Bounded("ci_resamples"), default=10_000, show_default=True,
+                 help="Bootstrap resamples of --ci."),
+    click.option("--ci-seed", type=Bounded("ci_seed"), default=0, show_default=True,
+                 help="Seed of --ci's bootstrap draws."),
 )
 
 
@@ -448,6 +462,7 @@ def _per_query_out(options: dict, overwrite: bool) -> str | None:
 @_result_options(defaults=True)
 @_execution_options
 @_output_options
+@_ci_options
 @click.option("--state", type=click.Path(file_okay=False), default=None,
               help="Also save the per-query state to this directory, for 'streameval update' after appends.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --json file, --state, ranked-lists output or --per-query-out file.")
@@ -491,6 +506,7 @@ def eval_cmd(store, json_path, per_query, quiet, state, overwrite, ranks, summar
 @_result_options(defaults=False, features=[feature for feature in REGISTRY if feature.name != "rerank"])
 @_execution_options
 @_output_options
+@_ci_options
 @click.option("--overwrite", is_flag=True, help="Replace an existing --json file, ranked-lists output or --per-query-out file.")
 def update(store, state, json_path, per_query, quiet, overwrite, ranks, summary_format, **options):
     """Score only the gallery rows appended to STORE since --state was saved, and report.

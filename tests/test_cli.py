@@ -127,7 +127,8 @@ def test_eval_per_query(store_path, expected):
     got = json.loads(run("eval", store_path, "--json", "-", "--per-query", "-q").stdout)
     assert_same_result(got, expected)
     per_query = got["per_query"]
-    assert set(per_query) == {"ap", "ap_trapezoid", "inp", "first_hit_rank", "n_positives"}
+    assert set(per_query) == {"ap", "ap_trapezoid", "inp", "first_hit_rank", "n_positives", "counted", "rep_area",
+                              "fr_area"}
     assert all(len(v) == 60 for v in per_query.values())
     open_rows = [i for i, n in enumerate(per_query["n_positives"]) if n == 0]
     assert len(open_rows) == got["n_open_queries"]

@@ -119,6 +119,9 @@ RANGES = {
     "distractor_frac": FRACTION,
     "open_query_frac": FRACTION,
     "noise": Bounds(0.0, math.inf, integer=False),
+    "ci": Bounds(0.5, 0.999, " (the confidence level of --ci)", integer=False),
+    "ci_resamples": Bounds(100, 10_000_000, " (bootstrap resamples)"),
+    "ci_seed": Bounds(0, INT64_MAX, " (numpy.random.default_rng's seed)"),
     "variant_trials": Bounds(1, MAX_VARIANT_TRIALS, " (CIL-ReID's protocol uses 10)"),
 }
 

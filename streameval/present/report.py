@@ -67,6 +67,8 @@ def summary(result: Result, label: str = "", ranks=None) -> str:
         ]
     if result.trials is not None:
         lines.append(_trial_line(result.trials, ranks))
+    if result.ci is not None:
+        lines += _ci_lines(result)
     for feature in REGISTRY:
         if feature.result_field and getattr(result, feature.result_field) is not None:
             lines += feature.summary_lines(getattr(result, feature.result_field))
@@ -97,6 +99,41 @@ def _trial_line(trials: dict, ranks: list[int]) -> str:
     values += [(name, mean[name], std[name]) for name in ("mAP", "mINP")]
     return (f"  means over {trials['T']} trials (std ddof {trials['std_ddof']}): "
             + "   ".join(_mean_pm_std(name, m, s) for name, m, s in values))
+
+
+CI_SHOWN = (("rank1", "R1"), ("rank5", "R5"), ("rank10", "R10"), ("mAP", "mAP"), ("mAP_trapezoid", "mAP (trapezoid)"),
+            ("mINP", "mINP"), ("MREP", "MREP"), ("MFR", "MFR"))  # (metric, label), in the summary's order
+GOM_CI = ("MREP", "MFR")  # on GOM's 0-1 scale, the others in percent
+
+
+def _ci_lines(result: Result) -> list[str]:
+    """How the intervals were made, then each metric with one as value +- half its width (the
+    percentile interval need not be symmetric: the JSON holds both ends)."""
+    ci = result.ci
+    how = ci["method"] + (f", {ci['resamples']:,} resamples, seed {ci['seed']}" if ci["unit"] == "query" else "")
+    values = {**{f"rank{k}": result.rank(k) for k in (1, 5, 10) if k <= result.max_rank},
+              "mAP": result.mAP, "mAP_trapezoid": result.mAP_trapezoid, "mINP": result.mINP, **(result.gom or {})}
+    parts = []
+    for name, label in CI_SHOWN:
+        value, width = values.get(name), half_width(ci, name)
+        if value is not None and width is not None:
+            parts.append(f"{label} {value:.4f} +- {width:.4f}" if name in GOM_CI
+                         else f"{label} {_pct(value).strip()} +- {100 * width:.2f}")
+    return [f"  {100 * ci['level']:g}% confidence intervals, {how}:", "    " + "   ".join(parts)]
+
+
+def half_width(ci: dict, name: str) -> float | None:
+    """(hi - lo) / 2 of metric ``name``'s interval in a ``ci`` section; None without one."""
+    lo, hi = ci["intervals"].get(name) or (None, None)
+    return None if lo is None or hi is None else (hi - lo) / 2
+
+
+def half_widths(ci: dict) -> dict:
+    """The half widths keyed as a result's values (CMC points by position, GOM values under
+    ``gom``), so a table's columns find them as they find a std."""
+    ranks = {int(name[len("rank"):]) - 1: half_width(ci, name) for name in ci["intervals"] if name.startswith("rank")}
+    return {**{name: half_width(ci, name) for name in ("mAP", "mAP_trapezoid", "mINP")}, "cmc": ranks,
+            "gom": {name: half_width(ci, name) for name in GOM_CI}}
 
 
 def _mean_pm_std(name: str, mean, std, std_unit: str = "") -> str:
@@ -163,6 +200,7 @@ class Row:
     label: str
     values: dict
     std: dict | None = None
+    spread: str = "std"  # what ``std`` holds: "std", or "ci" (half widths of confidence intervals)
 
 
 @dataclass(frozen=True)
@@ -220,7 +258,11 @@ def rows_of(result: dict, label: str) -> list[Row]:
     with trials are their means, with the std over the trials."""
     if result.get("directions"):
         return [row for name, one in result["directions"].items() for row in rows_of(one, f"{label} {name}")]
-    trials = result.get("trials")
+    trials, ci = result.get("trials"), result.get("ci")
+    if ci:  # asked for (--ci): the interval's half width instead of the trials' std
+        level = f"{100 * ci['level']:g}% CI"
+        words = f"mean ± {level}, {trials['T']} trials" if trials else f"± {level}"
+        return [Row(f"{label} ({words})", result, half_widths(ci), "ci")]
     if trials:
         return [Row(f"{label} (mean ± std, {trials['T']} trials)", result, trials["std"])]
     return [Row(label, result)]
@@ -270,9 +312,12 @@ def _csv(rows: list[Row], cols: list[Column], first: str) -> str:
     """Numbers stay numbers: a std gets its own column after its value (only when a row has one);
     null is an empty cell."""
     spread = any(row.std is not None for row in rows)
+    kinds = {row.spread for row in rows if row.std is not None}
+    word = {frozenset({"ci"}): "CI half width", frozenset({"ci", "std"}): "std or CI half width"}.get(frozenset(kinds),
+                                                                                                      "std")
     header = [first]
     for c in cols:
-        header += [c.header] + ([f"{c.name} std" + (" (%)" if c.percent else "")] if spread else [])
+        header += [c.header] + ([f"{c.name} {word}" + (" (%)" if c.percent else "")] if spread else [])
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(header)

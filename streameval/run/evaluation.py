@@ -13,6 +13,7 @@ from ..core.outputs import check_folder
 from .pipeline import as_store, feature_requests, oriented, run_passes, with_variants
 from ..core.progress import Phases
 from .session import session
+from .significance import add_intervals, check_intervals
 from .settings import PROTOCOL_OPTIONS, Execution, Settings
 from .statestore import check_updatable, check_writable, save_state
 
@@ -33,6 +34,9 @@ def evaluate(
     storage_options: dict | None = None,
     state: str | os.PathLike | None = None,
     overwrite_state: bool = False,
+    ci: float | None = None,
+    ci_resamples: int = 10_000,
+    ci_seed: int = 0,
     **options,
 ) -> metrics.Result:
     """Evaluate query against gallery features; return a :class:`~streameval.run.result.Result`.
@@ -87,7 +91,13 @@ def evaluate(
     in the same pass): DIR at the FPIR targets ``fpir`` (default 0.001, 0.01, 0.1; exact decimals)
     and ranks ``dir_ranks`` (default 1, 5, 10, 20), k rounded as ``fpir_rounding`` ("round": half
     up, as Liao; or "floor") (docs/open-set.md).
+
+    ``ci=LEVEL`` (e.g. 0.95): also each metric's confidence interval, ``result.ci``
+    (docs/significance.md#confidence-intervals): the percentile bootstrap over queries with
+    ``ci_resamples`` resamples drawn from ``ci_seed``, or with trials the t-interval over them.
+    It changes no other number.
     """
+    intervals = check_intervals(ci, ci_resamples, ci_seed)
     phases = Phases()
     overrides = {key: options.pop(key) for key in PROTOCOL_OPTIONS if key in options}
     requests, selection = feature_requests(options)
@@ -130,4 +140,6 @@ def evaluate(
     if len(results) == 2:  # each direction's per-query arrays too (the JSON shows them with --per-query)
         first.by_direction = {name: replace(done) for name, done in results.items()}  # copies: no cycle through first
         first.directions = {name: done.to_dict(per_query=True) for name, done in results.items()}
+    if intervals is not None:
+        add_intervals(first, *intervals)
     return first

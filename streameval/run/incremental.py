@@ -41,6 +41,7 @@ from .pipeline import FEATURE_OPTIONS, as_store, feature_requests, run_passes
 from ..engine.ranges import normalisations
 from ..core.progress import Phases
 from .session import Runner, session
+from .significance import add_intervals, check_intervals
 from .settings import PROTOCOL_OPTIONS, Execution, Settings
 from ..engine.state import Positives, QueryState
 from .statestore import check_matches, check_updatable, load_state, save_state
@@ -63,6 +64,9 @@ def update(
     gom_vp: str | None = None,
     std_ddof: int | None = None,
     storage_options: dict | None = None,
+    ci: float | None = None,
+    ci_resamples: int = 10_000,
+    ci_seed: int = 0,
     **options,
 ):
     """Extend the state saved at ``state`` to every committed gallery row of ``data`` (a store path,
@@ -82,7 +86,9 @@ def update(
     Open-set identification (``open_set``) is as in the state, whose nearest-item scores merge by
     their minimum; ``fpir``, ``dir_ranks`` and ``fpir_rounding`` may differ.  So is verification
     (``verification``, ``auc``, ``hist_bits``); ``far`` and ``tail_budget`` may differ.
+    ``ci``, ``ci_resamples``, ``ci_seed``: confidence intervals, as ``evaluate``'s (never part of the state).
     """
+    intervals = check_intervals(ci, ci_resamples, ci_seed)
     phases = Phases()
     overrides = {key: options.pop(key) for key in PROTOCOL_OPTIONS if key in options}
     features = {key: options.pop(key) for key in FEATURE_OPTIONS if key in options}
@@ -106,7 +112,10 @@ def update(
         if passes.facts["rows_added"]:
             save_state(state, store, settings, passes.state, query_hash)
             phases.lap("saving state")
-        return passes.result(store, runner, selection)
+        result = passes.result(store, runner, selection)
+    if intervals is not None:
+        add_intervals(result, *intervals)
+    return result
 
 
 def advance(store: Store, settings: Settings, runner: Runner, saved: QueryState):

@@ -46,6 +46,7 @@ class Result:
     # "path" (list of str, or None without stored paths), "in_trial" (bool (T, Q) with trials, else None)
     queries: dict | None = None
     by_direction: dict | None = None  # regdb: each direction's Result (its per_query and queries), for exports
+    ci: dict | None = None  # with ci=LEVEL: each metric's confidence interval (docs/significance.md#confidence-intervals)
 
     def rank(self, k: int) -> float | None:
         """CMC@k for an integer 1 <= k <= max_rank; None when no query has a positive (Q+ empty)."""
@@ -130,6 +131,8 @@ class Result:
             out["rerank"] = self.rerank
         if self.warnings:
             out["warnings"] = list(self.warnings)
+        if self.ci is not None:
+            out["ci"] = self.ci
         return out
 
 

@@ -36,7 +36,9 @@ def entries(state, settings, q_bits: np.ndarray, q_cam: np.ndarray, meta, norms:
         positives, slots = restrict(state.positives, state.stats.arrays["slots/counts"], t)
         per_query = closed_set.query_values(positives, slots)
         valid = in_trial & (per_query["n_positives"] > 0)
-        counted = int(valid.sum()) if protocol.denominator == "skip" else int(in_trial.sum())
+        counted_mask = valid if protocol.denominator == "skip" else in_trial
+        per_query["counted"] = counted_mask  # the queries the closed-set means divide by (run/significance.py)
+        counted = int(counted_mask.sum())
         base = {"n_queries": int(in_trial.sum()), "n_valid_queries": int(valid.sum()),
                 "n_open_queries": int((in_trial & ~valid).sum())}
         first_hit = closed_set.closed_set(per_query, valid, counted, settings.max_rank)
@@ -90,6 +92,7 @@ def _gom(state, settings, positives, slots, t, in_trial, per_query, norm):
     dist_range = state.dist_range[t] if state.dist_range is not None else None
     summary = gom.summarize({name: c[in_trial] for name, c in curves.items()}, per_query["n_positives"][in_trial],
                             settings.gom, dist_range)
+    per_query.update(gom.query_areas(curves, in_trial, per_query["n_positives"], settings.gom))
     if settings.gom.norm == "fixed":
         summary["clipped"] = clipping(state, settings.gom.lo, settings.gom.hi)
     return summary

@@ -98,6 +98,20 @@ def _trapezoid(curve: np.ndarray, tau: np.ndarray) -> float:
     return float(np.sum(np.diff(tau) * (curve[1:] + curve[:-1]) / 2))
 
 
+def query_areas(curves: dict, in_trial: np.ndarray, n_positives: np.ndarray, options: GomOptions) -> dict:
+    """Each query's share of MREP and MFR: ``rep_area``, the trapezoid integral of its ReP curve
+    (Q+ of the trial; NaN elsewhere), and ``fr_area``, of its FR curve (Q-; NaN elsewhere).  The
+    integral is linear, so MREP is the mean of ``rep_area`` over Q+ and MFR of ``fr_area`` over Q-."""
+    tau = options.tau
+
+    def areas(curve, rows):
+        area = np.sum(np.diff(tau) * (curve[:, 1:] + curve[:, :-1]) / 2, axis=1)
+        return np.where(rows, area, np.nan)
+
+    valid = n_positives > 0
+    return {"rep_area": areas(curves["rep"], in_trial & valid), "fr_area": areas(curves["fr"], in_trial & ~valid)}
+
+
 def summarize(curves: dict, n_positives: np.ndarray, options: GomOptions, dist_range: DistanceRange | None) -> dict:
     """Mean curves and their summaries; Q+ values None when Q+ is empty, Q- values when Q- is."""
     valid = n_positives > 0
