@@ -101,9 +101,10 @@ def cfg_options(cfg) -> dict:
     test = getattr(cfg, "TEST", None)
     if test is None:
         return {}
-    if test.METRIC not in METRICS:
-        raise OptionError(f"cfg.TEST.METRIC must be one of {', '.join(METRICS)}, got {test.METRIC!r}")
-    options = {"metric": METRICS[test.METRIC]}
+    metric = getattr(test, "METRIC", DEFAULTS["metric"])
+    if metric not in METRICS:
+        raise OptionError(f"cfg.TEST.METRIC must be one of {', '.join(METRICS)}, got {metric!r}")
+    options = {"metric": METRICS[metric]}
     if enabled(test, "AQE"):
         options["qe"] = {"k": test.AQE.QE_K, "alpha": test.AQE.ALPHA, "times": test.AQE.QE_TIME}
     if enabled(test, "RERANK"):
