@@ -49,7 +49,8 @@ class ReidEvaluator(DatasetEvaluator):
     """fast-reid's ``ReidEvaluator(cfg, num_query, output_dir=None)``: ``process(inputs, outputs)``
     keeps each batch's features (``outputs``, a tensor on any device, as float32) with
     ``inputs["targets"]`` (pids) and ``inputs["camids"]``; ``evaluate()`` takes the first
-    ``num_query`` rows processed as the queries, the rest as the gallery, and returns fast-reid's
+    ``num_query`` rows processed as the queries, the rest as the gallery (``streameval.Evaluator``:
+    batches past its memory budget wait in a temporary store), and returns fast-reid's
     OrderedDict (percent): Rank-1, Rank-5, Rank-10, mAP, mINP and metric = (mAP + Rank-1) / 2.
 
     ``cfg.TEST`` is read as fast-reid reads it: METRIC (cosine, euclidean), AQE (QE_K, ALPHA,
@@ -65,28 +66,31 @@ class ReidEvaluator(DatasetEvaluator):
         self.cfg = cfg
         self._num_query = int(num_query)
         self._output_dir = output_dir  # kept as fast-reid keeps it; neither writes there
-        self._options = {**DEFAULTS, **cfg_options(cfg), **options}
-        self._predictions = []
+        from ..run.evaluator import Evaluator  # batches past a memory budget go to a store (docs/evaluator.md)
+
+        self._rows = Evaluator(**{**DEFAULTS, **cfg_options(cfg), **options})
+        self._processed = 0  # rows processed since the last reset: the first num_query are the queries
         self.result = None
 
     def reset(self):
-        self._predictions = []
+        self._rows.reset()
+        self._processed = 0
 
     def process(self, inputs, outputs):
-        self._predictions.append((host_array(outputs, np.float32), host_array(inputs["targets"]),
-                                  host_array(inputs["camids"])))
+        batch = (host_array(outputs, np.float32), host_array(inputs["targets"]), host_array(inputs["camids"]))
+        queries = max(0, min(self._num_query - self._processed, len(batch[1])))
+        if queries:
+            self._rows.add_queries(*(column[:queries] for column in batch))
+        if queries < len(batch[1]):
+            self._rows.add_gallery(*(column[queries:] for column in batch))
+        self._processed += len(batch[1])
 
     def evaluate(self):
-        from ..run.evaluation import evaluate
-
         check_single_process()
-        features, pids, camids = (np.concatenate(part) for part in zip(*self._predictions))
-        n = self._num_query
-        if n >= len(pids):
-            raise OptionError(f"num_query is {n} but {len(pids)} rows were processed: the gallery is empty")
-        # the coordinator switches this to streameval.Evaluator (batches to a store past a memory budget)
-        self.result = evaluate({"qf": features[:n], "q_pids": pids[:n], "q_camids": camids[:n],
-                                "gf": features[n:], "g_pids": pids[n:], "g_camids": camids[n:]}, **self._options)
+        if self._num_query >= self._processed:
+            raise OptionError(f"num_query is {self._num_query} but {self._processed} rows were processed: "
+                              "the gallery is empty")
+        self.result = self._rows.compute()
         if self.result.mAP is None:
             raise NoValidQueryError(NO_VALID_QUERY)
         results = OrderedDict((f"Rank-{r}", self.result.rank(r) * 100) for r in RANKS)
