@@ -99,6 +99,10 @@ too, interleaved) next to the bare U x U GEMM over the same rows (``uu-floor``) 
 torchreid-style numpy re-ranking at the largest N that fits this machine (``dense``), with the goals
 (within 1.5x the U x U GEMM, peak RSS < 2 GB).
 
+``--evaluator-rss [ROWS]`` is a separate mode (issue 27, scripts/bench_evaluator.py): the peak RSS of
+``streameval.Evaluator`` given ROWS x 64 float16 gallery rows (default 2,000,000) in batches of 4096,
+then ``compute()``, against ``evaluate`` of the same store, each in its own process (goal: within 1.2x).
+
 Each other method runs in a fresh child process (``bench.py --_run METHOD ...``), so its peak RSS is
 its own.  Their timings exclude process start, imports and JIT warm-up; the best of ``--repeat`` runs
 is kept (for ``process`` too); with --against each side's runs are shown too.
@@ -216,6 +220,10 @@ def parse_args(argv=None):
                         "flavour matlab), the bare U x U GEMM over the same rows, and the dense torchreid-style "
                         "re-ranking at the largest N that fits this machine; with --against REV also REV's process"
                         % (" and ".join(RERANK_SIZES), RERANK_DTYPE, ",".join(RERANK_METHODS)))
+    p.add_argument("--evaluator-rss", nargs="?", const=2_000_000, type=int, default=None, metavar="ROWS",
+                   help="evaluator mode (issue 27, scripts/bench_evaluator.py): peak RSS of streameval.Evaluator fed "
+                        "ROWS x 64 float16 gallery rows (default 2,000,000) in batches of 4096, against evaluating the "
+                        "same store, each in its own process")
     p.add_argument("--rerank-scale", type=float, default=1.0, metavar="S",
                    help="--rerank: the sizes' rows and identities times S (e.g. 0.02 for a quick check; default: 1)")
     p.add_argument("--trials", type=int, default=10,
@@ -1750,6 +1758,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args._run:
         return child_main(args)
+    if args.evaluator_rss is not None:
+        import bench_evaluator
+
+        return bench_evaluator.main(["--rows", str(args.evaluator_rss), "--workdir", args.workdir])
     os.makedirs(args.workdir, exist_ok=True)
     facts = machine_facts()
     print_header(facts, args)

@@ -18,6 +18,7 @@ _LAZY = {  # public name -> module that defines it
     "create_store": "store", "write_store": "store", "append_gallery": "store", "validate_values": "store",
     "write_distance_store": "store.distances", "run_suite": "suite.run", "update_suite": "suite.run",
     "load_suite": "suite.plan", "write_variant": "store.variants", "variant_names": "store.variants",
+    "Evaluator": "run.evaluator",
     "compare": "present.compare",
 }
 

@@ -337,6 +337,9 @@ _output_options = _section(
                  help="Write the full result as JSON to this file ('-' for stdout)."),
     click.option("--per-query", is_flag=True,
                  help="Include per-query AP, INP, first-hit rank, #positives in the JSON."),
+    click.option("--per-query-out", type=click.Path(), default=None, metavar="FILE.csv|FILE.parquet",
+                 help="Also write one row per query (per trial and query with trials): its index, pid, camera, image "
+                      "path, AP, INP, first-hit rank, #positives. Parquet needs pandas and pyarrow."),
     click.option("--quiet", "-q", is_flag=True, help="Print no progress and no summary table."),
     _summary_options,
 )
@@ -429,18 +432,29 @@ def _reading(options: dict) -> dict:
             "matrix": "similarity" if similarity else "distance" if distances else None}
 
 
-def _finish_with_lists(result, ranked_out, label, json_path, per_query, quiet, ranks, summary_format) -> None:
-    """Write the ranked lists to ``ranked_out`` (if asked), then ``_finish``; lists that could not
-    be written are reported after the result JSON and the summary."""
+def _finish_with_lists(result, ranked_out, label, json_path, per_query, quiet, ranks, summary_format,
+                       table_out=None) -> None:
+    """Write the ranked lists to ``ranked_out`` and the per-query table to ``table_out`` (if
+    asked), then ``_finish``; outputs that could not be written are reported after the result JSON
+    and the summary."""
     from .features.ranked.finalise import write_output
+    from .run import per_query as per_query_table
 
-    failure = write_output(result, ranked_out, json_path)
+    failures = [write_output(result, ranked_out, json_path), per_query_table.write(result, table_out)]
     _finish(result, label, json_path, per_query, quiet, ranks, summary_format)
-    if failure is not None:
-        raise failure
+    for failure in failures:
+        if failure is not None:
+            raise failure
     if ranked_out is not None and not quiet:
         click.echo(f"ranked lists of {len(result.ranked_lists):,} queries written to {ranked_out}",
                    err=json_path == "-")
+
+
+def _per_query_out(options: dict, overwrite: bool) -> str | None:
+    """--per-query-out, taken out of the command's keywords and checked before any work."""
+    from .run import per_query as per_query_table
+
+    return per_query_table.check_output(options.pop("per_query_out"), overwrite)
 
 
 @main.command("eval", cls=_Sectioned)
@@ -451,7 +465,7 @@ def _finish_with_lists(result, ranked_out, label, json_path, per_query, quiet, r
 @_ci_options
 @click.option("--state", type=click.Path(file_okay=False), default=None,
               help="Also save the per-query state to this directory, for 'streameval update' after appends.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing --json file, --state or ranked-lists output.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --json file, --state, ranked-lists output or --per-query-out file.")
 @_reading_options
 @_section("Reading", click.option(
     "--convert-to", type=click.Path(), default=None, metavar="PATH",
@@ -468,6 +482,7 @@ def eval_cmd(store, json_path, per_query, quiet, state, overwrite, ranks, summar
     .pt; docs/formats.md): it is converted to a store first, and a line on stderr says so (not with -q).
     """
     outputs.check_file(json_path, overwrite, "--json file")
+    table_out = _per_query_out(options, overwrite)
     outputs.check_directory(convert_to, overwrite, "--convert-to store")
     reading = _reading(options)
     options["max_rank"] = _max_rank_for(ranks, options["max_rank"])
@@ -481,7 +496,7 @@ def eval_cmd(store, json_path, per_query, quiet, state, overwrite, ranks, summar
     say = None if quiet else functools.partial(click.echo, err=True)  # -q: no info line, errors and warnings only
     with evaluation_store(store, convert_to=convert_to, overwrite=overwrite, state=state, say=say, **reading) as target:
         result = evaluate(target, progress=not quiet, state=state, overwrite_state=overwrite, **options)
-        _finish_with_lists(result, ranked_out, store, json_path, per_query, quiet, ranks, summary_format)
+        _finish_with_lists(result, ranked_out, store, json_path, per_query, quiet, ranks, summary_format, table_out)
 
 
 @main.command(cls=_Sectioned)
@@ -492,7 +507,7 @@ def eval_cmd(store, json_path, per_query, quiet, state, overwrite, ranks, summar
 @_execution_options
 @_output_options
 @_ci_options
-@click.option("--overwrite", is_flag=True, help="Replace an existing --json file or ranked-lists output.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --json file, ranked-lists output or --per-query-out file.")
 def update(store, state, json_path, per_query, quiet, overwrite, ranks, summary_format, **options):
     """Score only the gallery rows appended to STORE since --state was saved, and report.
 
@@ -502,6 +517,7 @@ def update(store, state, json_path, per_query, quiet, overwrite, ranks, summary_
     must match the state's; --max-rank, --gom-b and --gom-vp may differ.
     """
     outputs.check_file(json_path, overwrite, "--json file")
+    table_out = _per_query_out(options, overwrite)
     options["max_rank"] = _max_rank_for(ranks, options["max_rank"])
     options["no_gom"] = options["no_gom"] or None  # an absent flag means "as in the state"
     options["std_ddof"] = None if options["std_ddof"] is None else int(options["std_ddof"])
@@ -510,7 +526,7 @@ def update(store, state, json_path, per_query, quiet, overwrite, ranks, summary_
 
     ranked_out = output_path(options["ranked_list"], options.pop("ranked_out"), json_path, overwrite)
     result = update_state(store, state, progress=not quiet, **options)
-    _finish_with_lists(result, ranked_out, store, json_path, per_query, quiet, ranks, summary_format)
+    _finish_with_lists(result, ranked_out, store, json_path, per_query, quiet, ranks, summary_format, table_out)
 
 
 @main.command()

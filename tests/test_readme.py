@@ -241,6 +241,22 @@ m_ap = [streameval.evaluate("feats.zarr", query_variant=f"corrupt-t{t}", gallery
 assert np.std(m_ap) > 0  # (ddof 0 would print another std)
 assert shown == f"both: mAP {np.mean(m_ap):.4f} +- {np.std(m_ap, ddof=1):.4f} over 3 trials\\n", (shown, m_ap)
 """,
+    "result = evaluator.compute()                                   # evaluate() on the concatenated rows": """
+import numpy as np
+from reference import reference_evaluate
+ref = reference_evaluate(qf, qp, qc, gf, gp, gc, metric="cosine")
+assert np.allclose(displayed[-1], [ref["mAP"], ref["cmc"][0], ref["mINP"]], rtol=0, atol=1e-12), shown
+whole = streameval.evaluate(dict(qf=qf, q_pids=qp, q_camids=qc, gf=gf, g_pids=gp, g_camids=gc), metric="cosine")
+assert {k: v for k, v in result.to_dict(per_query=True).items() if k != "run"} == \\
+    {k: v for k, v in whole.to_dict(per_query=True).items() if k != "run"}  # the comment's claim: bit for bit
+""",
+    "cmc, mAP = evaluate_rank(distmat, qp, gp, qc, gc, max_rank=10)": """
+import numpy as np
+from reference import reference_evaluate
+ref = reference_evaluate(qf, qp, qc, gf, gp, gc, metric="sqeuclidean", junk_pids=(), max_rank=10)
+assert np.allclose(displayed[-1], [ref["cmc"][0], ref["mAP"]], rtol=0, atol=1e-6), shown
+assert cmc.dtype == np.float32 and np.allclose(cmc, ref["cmc"], rtol=0, atol=1e-6)
+""",
 }
 
 

@@ -97,6 +97,7 @@ RANGES = {
     "chunk_rows": INT64_ROWS,
     "memory_budget": INT64_BYTES,
     "memory_limit": INT64_BYTES,
+    "buffer_budget": Bounds(0, INT64_MAX, " bytes"),
     "tail_budget": Bounds(TAIL_ENTRY_BYTES, INT64_MAX, f" bytes ({TAIL_ENTRY_BYTES}: one entry of the tail)"),
     "workers": Bounds(1, INT64_MAX),
     "n_workers": Bounds(1, INT64_MAX),  # and at most this machine's cores (cluster.ClusterOptions)

@@ -6,6 +6,8 @@ from functools import cached_property
 
 import numpy as np
 
+from ..core.errors import StoreError, one_line
+
 
 class MemoryArray:
     """A numpy array or memory map: a block of rows is a slice (a memory map reads just those rows)."""
@@ -60,3 +62,27 @@ class LazyArray(MemoryArray):
 
     def vector(self) -> MemoryArray:
         return MemoryArray(self.name, self.values).vector()
+
+
+def is_tensor(value) -> bool:
+    """A torch tensor (a subclass too, e.g. a Parameter), told by its class without importing torch."""
+    return any(cls.__name__ == "Tensor" and cls.__module__ == "torch" for cls in type(value).__mro__)
+
+
+def host_array(value, what: str) -> np.ndarray:
+    """``value`` as a numpy array: a torch tensor detached and moved to the host (bfloat16, which
+    numpy lacks, as float32), sharing its memory when it is already a dense CPU tensor; anything
+    else through ``np.asarray``.  torch is imported only for a tensor (streameval does not require
+    it).  A sparse, quantized or other tensor numpy cannot hold is a StoreError naming ``what``."""
+    if not is_tensor(value):
+        return np.asarray(value)
+    import torch
+
+    if value.layout != torch.strided:
+        raise StoreError(f"{what} is a {str(value.layout).removeprefix('torch.')} tensor; save it dense "
+                         "(tensor.to_dense()) to convert it")
+    tensor = value.detach().cpu()  # the same storage when it is on the CPU already
+    try:
+        return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()
+    except (TypeError, RuntimeError) as exc:  # quantized, meta or complex tensors numpy cannot take as they are
+        raise StoreError(f"{what} is a {tensor.dtype} tensor numpy cannot hold ({one_line(exc)}); save it as float32")

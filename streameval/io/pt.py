@@ -15,7 +15,7 @@ import numpy as np
 
 from ..core.errors import StoreError, one_line
 from . import Source
-from .arrays import MemoryArray
+from .arrays import MemoryArray, host_array
 
 
 def open_source(src: str) -> Source:
@@ -65,7 +65,7 @@ def _reason(message: str) -> str:
 def _flatten(torch, value, name: str, out: dict, src: str) -> None:
     """Arrays of ``value`` into ``out`` by path (dict keys, list positions); other values are left out."""
     if isinstance(value, torch.Tensor):
-        out[name] = _array(torch, value, f"'{src}': {name or 'the tensor'}")
+        out[name] = host_array(value, f"'{src}': {name or 'the tensor'}")
     elif isinstance(value, np.ndarray):
         out[name] = value
     elif isinstance(value, (list, tuple)) and value and all(isinstance(v, Number) for v in value):
@@ -73,15 +73,3 @@ def _flatten(torch, value, name: str, out: dict, src: str) -> None:
     elif isinstance(value, (Mapping, list, tuple)):
         for key, item in value.items() if isinstance(value, Mapping) else enumerate(value):
             _flatten(torch, item, f"{name}/{key}" if name else str(key), out, src)
-
-
-def _array(torch, tensor, what: str) -> np.ndarray:
-    """A dense tensor's values; a sparse, quantized or other tensor numpy cannot hold is refused."""
-    if tensor.layout != torch.strided:
-        raise StoreError(f"{what} is a {str(tensor.layout).removeprefix('torch.')} tensor; save it dense "
-                         "(tensor.to_dense()) to convert it")
-    tensor = tensor.detach()
-    try:
-        return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()
-    except (TypeError, RuntimeError) as exc:  # quantized, meta or complex tensors numpy cannot take as they are
-        raise StoreError(f"{what} is a {tensor.dtype} tensor numpy cannot hold ({one_line(exc)}); save it as float32")

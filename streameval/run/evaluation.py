@@ -138,6 +138,7 @@ def evaluate(
             results[direction] = passes.result(swapped, runner, selection)
     first = results[directions[0]]
     if len(results) == 2:  # each direction's per-query arrays too (the JSON shows them with --per-query)
+        first.by_direction = {name: replace(done) for name, done in results.items()}  # copies: no cycle through first
         first.directions = {name: done.to_dict(per_query=True) for name, done in results.items()}
     if intervals is not None:
         add_intervals(first, *intervals)

@@ -181,7 +181,7 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner, byt
     finalising = [feature for feature in REGISTRY
                   if feature.finalise is not None and getattr(settings, feature.name) is not None]
     with compile_timer() as compiling:
-        q_cam = read_ids(store.query)[1]
+        q_pid, q_cam = read_ids(store.query)
         q_bits = meta.q_bits if meta.q_bits is not None else settings.rules.camera_bits(
             q_cam, settings.protocol.query_cameras)
         norms = normalisations(settings.gom, state.dist_range, settings.n_trials)
@@ -211,8 +211,25 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner, byt
         protocol_record=settings.protocol.to_record(), cmc_flavour=settings.protocol.cmc, cmc_first_hit=values["cmc_first_hit"],
         cmc_sgs_expected=None if extras.get("cmc_sgs_expected") is None else list(map(float, extras["cmc_sgs_expected"])),
         trials=block, warnings=camera_set_warnings(store, settings.protocol, q_cam),
+        queries=query_ids(store, settings, q_pid, q_cam, q_bits, len(found)),
         **{feature.result_field: sections.get(feature.name) for feature in REGISTRY if feature.result_field},
     )
+
+
+def query_ids(store: Store, settings: Settings, pids: np.ndarray, camids: np.ndarray, q_bits: np.ndarray,
+              n_entries: int) -> dict:
+    """The queries' ids for ``Result.queries``: pids, camids, image paths (None when the store has
+    none) and, with several trials or sgs repeats (``n_entries``), each query's membership of each
+    (T, Q): a trial's bit, or with repeats (one trial) the one trial's.  The paths are read from
+    the store's own set: with direction t2v the queries are its gallery."""
+    from ..store.paths import read_paths
+
+    paths = read_paths(oriented(store, settings.protocol), store_set(settings.protocol, "query"), slice(None))
+    in_trial = None
+    if n_entries > 1:
+        bits = range(n_entries) if settings.n_trials == n_entries else [0] * n_entries
+        in_trial = np.stack([((q_bits >> np.uint64(t)) & np.uint64(1)).astype(bool) for t in bits])
+    return {"pid": pids, "camid": camids, "path": paths, "in_trial": in_trial}
 
 
 def camera_set_warnings(store: Store, protocol, q_cam: np.ndarray) -> list[str]:

@@ -42,6 +42,10 @@ class Result:
     verification: dict | None = None  # with verification=True: TAR@FAR, AUC, ROC (docs/options.md#the-json-result, features/verification/)
     rerank: dict | None = None  # with rerank / qe: how the distances were re-ranked (docs/reranking.md, features/rerank/)
     warnings: list = field(default_factory=list)  # what the numbers may hide, e.g. a protocol keeping few queries
+    # the queries' ids from the store, for per-query exports (not in the JSON): "pid", "camid" (int64, (Q,)),
+    # "path" (list of str, or None without stored paths), "in_trial" (bool (T, Q) with trials, else None)
+    queries: dict | None = None
+    by_direction: dict | None = None  # regdb: each direction's Result (its per_query and queries), for exports
     ci: dict | None = None  # with ci=LEVEL: each metric's confidence interval (docs/significance.md#confidence-intervals)
 
     def rank(self, k: int) -> float | None:
@@ -68,6 +72,14 @@ class Result:
         phases = dict(self.run["phases"])
         phases[name] = phases.get(name, 0.0) + seconds
         self.run.update(run_timing(phases, self.run["pairs"]))
+
+    def to_pandas(self):
+        """The per-query table (one row per query; per trial and query with trials, per direction
+        and query for regdb) as a pandas DataFrame: the columns of ``streameval eval --per-query-out``
+        (docs/options.md#per-query-table).  Needs pandas (``pip install pandas``)."""
+        from .per_query import to_pandas
+
+        return to_pandas(self)
 
     def _rank_or_none(self, k: int) -> float | None:
         """CMC@k, or None past the computed curve (the JSON's fixed rank keys)."""

@@ -251,7 +251,10 @@ def open_array(group: zarr.Group, path: str, key: str, required: bool = True) ->
     """The array at ``key`` (None when absent and not ``required``)."""
     try:
         arr = group[key]
-    except KeyError:
+    except KeyError as missing:
+        # zarr raises it from a future that holds it: its traceback's frames (and their callers',
+        # an opened Store with its reader lock among them) would live in that cycle until a collection
+        missing.__traceback__ = None
         if not required:
             return None
         raise StoreError(f"'{path}' has no '{key}' array") from None

@@ -189,9 +189,7 @@ def write_store(
     overwrite: bool = False,
 ) -> Store:
     """Write in-memory arrays as a new store (validated before anything touches the disk)."""
-    if dtype is None:
-        dtype = "float16" if np.asarray(query_features).dtype == np.float16 else "float32"
-    dtype = feature_dtype(dtype)
+    dtype = feature_dtype(array_dtype(np.asarray(query_features).dtype) if dtype is None else dtype)
     q = check_batch(query_features, query_pids, query_camids, "query", dtype=dtype)
     g = check_batch(gallery_features, gallery_pids, gallery_camids, "gallery", dtype=dtype)
     if q[0].shape[1] != g[0].shape[1]:
@@ -205,6 +203,11 @@ def write_store(
                 stop = start + fs.chunk_rows
                 write_rows(fs, start, rows[0][start:stop], rows[1][start:stop], rows[2][start:stop])
         return commit_gallery(target)
+
+
+def array_dtype(dtype) -> np.dtype:
+    """The dtype a store written from arrays of ``dtype`` keeps: float16 stays float16, any other is float32."""
+    return np.dtype(np.float16 if np.dtype(dtype) == np.float16 else np.float32)
 
 
 def appendable(target) -> Store:
