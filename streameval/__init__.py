@@ -19,6 +19,7 @@ _LAZY = {  # public name -> module that defines it
     "write_distance_store": "store.distances", "run_suite": "suite.run", "update_suite": "suite.run",
     "load_suite": "suite.plan", "write_variant": "store.variants", "variant_names": "store.variants",
     "Evaluator": "run.evaluator",
+    "compare": "present.compare",
 }
 
 __all__ = [*_LAZY, "StreamevalError", "StoreError", "OptionError"]

@@ -1,5 +1,5 @@
 """Command line: ``streameval eval | update | append | synth | convert | validate | plot | show | aggregate |
-protocols | warmup``.
+compare | protocols | warmup``.
 
 Errors in the input end as one line on stderr and a non-zero exit code (2: bad option,
 3: bad store or data, 4: cluster), never as a traceback.  Every output path is checked before any
@@ -18,7 +18,7 @@ import warnings
 import click
 
 from .core import outputs
-from .core.choices import MAX_RANK_LIMIT, METRICS, PRECISIONS, RANGES, SUMMARY_FORMATS
+from .core.choices import MAX_RANK_LIMIT, METRICS, PAIRED_TESTS, PASTE_FORMATS, PRECISIONS, RANGES, SUMMARY_FORMATS
 from .core.errors import StoreWarning, StreamevalError
 from .features import REGISTRY
 from .engine.plan import SIZE_UNITS, parse_bytes
@@ -825,6 +825,53 @@ def aggregate_cmd(runs, labels, json_path, overwrite, ranks, summary_format):
     text = aggregate_text(out, loaded, ranks, summary_format)  # refuses --ranks past the max rank before writing
     failure = None if json_path is None else _write_json(out, json_path, "aggregate")
     click.echo(text, err=json_path == "-")
+    if failure is not None:
+        raise failure
+
+
+@main.command("compare")
+@click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--metrics", default=None, metavar="NAME[,NAME...]",
+              help="The metrics compared, e.g. mAP,rank1 (of mAP, mAP_trapezoid, mINP, rank1, rank5, rank10, MREP, "
+                   "MFR). Default: every metric the first run has.")
+@click.option("--label", "labels", multiple=True,
+              help="Name of a run in the table and the JSON, once per RUN, in order. Default: the file names without .json.")
+@click.option("--seed", type=Bounded("ci_seed"), default=0, show_default=True,
+              help="Seed of the bootstrap and randomization draws.")
+@click.option("--level", type=Bounded("level"), default=0.95, show_default=True,
+              help="Confidence level of each delta's bootstrap interval.")
+@click.option("--resamples", type=Bounded("ci_resamples"), default=10_000, show_default=True,
+              help="Resamples of the bootstrap and of the randomization test.")
+@click.option("--correction", type=click.Choice(["holm", "none"]), default="holm", show_default=True,
+              help="Multiple-comparison correction over the compared runs, per metric and test.")
+@click.option("--test", type=click.Choice(PAIRED_TESTS), default="randomization", show_default=True,
+              help="The test whose (corrected) p-value marks a value in the table (randomization: exact at any "
+                   "number of queries, Rank-k's 0/1 values included).")
+@click.option("--alpha", type=Bounded("alpha"), default=0.05, show_default=True,
+              help="A value is marked (*) where that p-value is below this.")
+@click.option("--format", "table_format", type=click.Choice(PASTE_FORMATS), default="markdown", show_default=True,
+              help="Table layout: markdown, csv (each metric's p-value in a column of its own) or latex.")
+@click.option("--json", "json_path", type=click.Path(), default=None,
+              help="Also write every delta, interval and p-value as JSON to this file ('-' for stdout).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --json file.")
+def compare_cmd(runs, metrics, labels, seed, level, resamples, correction, test, alpha, table_format, json_path,
+                overwrite):
+    """Compare runs with the first, metric by metric, on paired per-query values (per-trial values
+    with trials): delta, its bootstrap interval, and the p-values of the paired t-test, the Wilcoxon
+    signed-rank test and a seeded paired randomization test, Holm-corrected over the runs
+    (docs/significance.md).
+
+    Each RUN is a result JSON written by 'streameval eval --per-query --json'; the runs must score
+    the same queries against the same gallery with the same settings (metric, protocol, options).
+    """
+    outputs.check_file(json_path, overwrite, "--json file")
+    from .present.compare import compare
+
+    found = compare(runs, metrics, seed, level, resamples, correction, labels)
+    for warning in found.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    failure = None if json_path is None else _write_json(found.to_dict(), json_path, "comparison")
+    click.echo(found.table(table_format, test, alpha), err=json_path == "-")
     if failure is not None:
         raise failure
 

@@ -10,6 +10,8 @@ METRICS = ("euclidean", "sqeuclidean", "cosine")
 PRECISIONS = ("float32", "float64")
 GOM_VP_MODES = ("reference", "jaccard")
 SUMMARY_FORMATS = ("table", "markdown", "csv", "latex")  # --format of eval / update / aggregate
+PASTE_FORMATS = SUMMARY_FORMATS[1:]  # --format of compare: its table is one to paste
+PAIRED_TESTS = ("t", "wilcoxon", "randomization")  # compare's p-values (core.paired)
 
 # Upper bounds that keep the per-query state and the curves small (beyond them numbers stop changing
 # or memory explodes: a CMC past the gallery is flat, a grid finer than 1e-5 bins nothing new).
@@ -123,6 +125,8 @@ RANGES = {
     "ci_resamples": Bounds(100, 10_000_000, " (bootstrap resamples)"),
     "ci_seed": Bounds(0, INT64_MAX, " (numpy.random.default_rng's seed)"),
     "variant_trials": Bounds(1, MAX_VARIANT_TRIALS, " (CIL-ReID's protocol uses 10)"),
+    "level": Bounds(0.5, 0.999, " (a confidence level)", integer=False),
+    "alpha": Bounds(1e-6, 0.5, " (a significance level)", integer=False),
 }
 
 

@@ -61,11 +61,13 @@ class Run:
 
 def load_runs(paths, labels=()) -> list[Run]:
     """The result JSONs at ``paths``, labelled by ``labels`` (default: the file names' stems)."""
-    labels = _labels(list(paths), list(labels))
-    return [Run(label, os.fspath(path), _read_result(path)) for label, path in zip(labels, paths)]
+    labels = run_labels(list(paths), list(labels))
+    return [Run(label, os.fspath(path), read_result(path)) for label, path in zip(labels, paths)]
 
 
-def _labels(paths: list, labels: list) -> list[str]:
+def run_labels(paths: list, labels: list) -> list[str]:
+    """``labels`` checked (one per run, all different), or the names of ``paths`` without .json
+    (the whole paths where two names are the same)."""
     if labels:
         if len(labels) != len(paths):
             raise OptionError(f"got {len(labels)} --label for {len(paths)} runs; give one per run, in order")
@@ -76,10 +78,10 @@ def _labels(paths: list, labels: list) -> list[str]:
     return stems if len(set(stems)) == len(stems) else [os.fspath(p) for p in paths]  # same name, other folders
 
 
-def _read_result(path) -> dict:
+def read_result(path) -> dict:
     def refuse(why: str):
         return ResultFileError(f"'{os.fspath(path)}' is not a streameval result JSON ({why}); "
-                               "aggregate the files written by 'streameval eval --json'")
+                               "use the files written by 'streameval eval --json'")
 
     try:
         with open(path, encoding="utf-8") as fh:
