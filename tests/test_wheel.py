@@ -3,8 +3,9 @@
 The wheel built from this checkout holds the package and only the package, every module of it.
 Installed with its dependencies into a fresh venv outside the tree, on each Python from 3.11 to
 3.13 this machine has, and run from another folder (so the checkout cannot be imported): every
-module imports, and the commands a new user tries first work -- ``--help``, ``synth``, ``eval``,
-``suite`` and ``plot``.  Without the plot extra, ``plot`` is one error line naming what to install.
+module imports, and the commands a new user tries first work -- ``--help``, ``synth``, ``eval``
+(with ``--ci`` and ``--per-query-out``), ``compare``, ``suite`` and ``plot``, and in Python the
+``Evaluator`` and the torchreid adapter.  Without the plot extra, ``plot`` is one error line naming what to install.
 
 Slow (a venv and pip per Python: about a minute each once pip's cache holds the dependencies);
 scripts/test, and so CI, runs it with the rest.
@@ -43,6 +44,25 @@ names = [found.name for found in pkgutil.walk_packages(streameval.__path__, "str
 for name in names:
     importlib.import_module(name)
 print(json.dumps({"file": streameval.__file__, "version": streameval.__version__, "modules": names}))
+"""
+
+
+EVALUATOR_AND_ADAPTER = """
+import numpy as np, streameval
+from streameval.compat.torchreid import evaluate_rank
+store = streameval.open_store("tiny.zarr")
+q, g = (store.query, store.gallery)
+qf, qp, qc, gf, gp, gc = (np.asarray(a[:]) for a in (q.features, q.pids, q.camids, g.features, g.pids, g.camids))
+evaluator = streameval.Evaluator(buffer_budget=0)
+evaluator.add_queries(qf, qp, qc)
+for start in range(0, len(gp), 64):
+    evaluator.add_gallery(gf[start:start + 64], gp[start:start + 64], gc[start:start + 64])
+whole = streameval.evaluate(dict(qf=qf, q_pids=qp, q_camids=qc, gf=gf, g_pids=gp, g_camids=gc))
+print("same" if evaluator.compute().mAP == whole.mAP else "differ")
+distmat = ((qf[:, None, :].astype(np.float64) - gf[None, :, :]) ** 2).sum(-1)
+cmc, mAP = evaluate_rank(distmat, qp, gp, qc, gc, max_rank=10)
+print("same" if abs(mAP - streameval.evaluate(dict(distances=distmat, q_pids=qp, q_camids=qc, g_pids=gp, g_camids=gc),
+                                                junk_pids=[]).mAP) < 1e-12 else "differ")
 """
 
 
@@ -156,6 +176,16 @@ def test_the_installed_wheel_runs_from_any_folder(wheel, venv, tmp_path, version
     result = json.loads((work / "result.json").read_text())
     assert 0 <= result["mAP"] <= 1 and 0 <= result["rank1"] <= 1 and result["n_queries"] == 30
     assert result["streameval_version"] == wheel_version(wheel)
+
+    # issue 27's commands: intervals, the per-query table, compare; the Evaluator and an adapter in Python
+    streameval("eval", "tiny.zarr", "--per-query", "--ci", "0.9", "--ci-resamples", "200", "--json", "a.json",
+               "--per-query-out", "queries.csv", "-q")
+    assert set(json.loads((work / "a.json").read_text())["ci"]["intervals"]) >= {"mAP", "rank1"}
+    assert len((work / "queries.csv").read_text().splitlines()) == 1 + 30
+    streameval("eval", "tiny.zarr", "--per-query", "--json", "b.json", "-q")
+    assert "| a (baseline) |" in streameval("compare", "a.json", "b.json", "--resamples", "200").stdout
+    evaluated = succeeded(run([venv / "bin" / "python", "-c", EVALUATOR_AND_ADAPTER], cwd=work, env=env)).stdout
+    assert evaluated.split() == ["same", "same"], evaluated
 
     refused = streameval("plot", "result.json", "curves.png", code=2)
     assert refused.stderr.splitlines() == [refused.stderr.strip()]  # one line
