@@ -151,8 +151,29 @@ def test_csv_keeps_numbers_and_latex_marks_with_a_superscript(compared):
     assert "$^{*}$" in latex and latex.splitlines()[-1].startswith("% * paired t-test p < 0.05")
 
 
-def test_trials_are_compared_trial_by_trial(ids):
+def test_trials_over_the_same_queries_pair_each_querys_mean_over_the_trials(ids):
+    """sysu-all's gallery trials count the same queries in each trial: the pairs are queries, each
+    query's contribution averaged over the trials (whose mean is the trials' mean of means)."""
     runs = [run(model(ids, noise, seed), protocol="sysu-all", trials=6) for noise, seed in ((1.0, 1), (1.4, 2))]
+    comparison = streameval.compare(runs, resamples=RESAMPLES)
+    found = comparison.to_dict()
+    assert found["unit"] == "query"
+    assert comparison.table().splitlines()[-1] == "\\* paired randomization test p < 0.05 against run 1; paired over queries"
+
+    def pooled_ap(result):
+        pq = result.per_query
+        counted = pq["counted"][0]
+        return np.where(pq["counted"] & (pq["n_positives"] > 0), pq["ap"], 0.0).mean(axis=0)[counted]
+
+    a, b = pooled_ap(runs[0]), pooled_ap(runs[1])
+    assert a.mean() == pytest.approx(runs[0].mAP, rel=1e-12) and b.mean() == pytest.approx(runs[1].mAP, rel=1e-12)
+    mAP = found["metrics"]["mAP"]
+    assert mAP["n"] == len(a) and mAP["runs"]["run 2"]["p"]["t"] == pytest.approx(stats.ttest_rel(b, a).pvalue, rel=1e-12)
+
+
+def test_trials_over_other_queries_are_compared_trial_by_trial(ids):
+    """vehicleid draws other queries in each trial: the pairs are trials (trial t of each run draws the same)."""
+    runs = [run(model(ids, noise, seed), protocol="vehicleid") for noise, seed in ((1.0, 1), (1.4, 2))]
     comparison = streameval.compare(runs, resamples=RESAMPLES)
     found = comparison.to_dict()
     assert found["unit"] == "trial"
@@ -160,7 +181,16 @@ def test_trials_are_compared_trial_by_trial(ids):
     assert comparison.table().splitlines()[-1] == "\\* paired randomization test p < 0.05 against run 1; paired over trials"
     mAP = found["metrics"]["mAP"]
     a, b = (np.array([trial["mAP"] for trial in r.trials["per_trial"]]) for r in runs)
-    assert mAP["n"] == 6 and mAP["runs"]["run 2"]["p"]["t"] == pytest.approx(stats.ttest_rel(b, a).pvalue, rel=1e-12)
+    assert mAP["n"] == 10 and mAP["runs"]["run 2"]["p"]["t"] == pytest.approx(stats.ttest_rel(b, a).pvalue, rel=1e-12)
+
+
+def test_trials_without_per_query_values_are_compared_trial_by_trial(ids, tmp_path):
+    """A run with trials written without --per-query still has its per-trial values: every run is
+    then paired over trials, the others too."""
+    runs = [run(model(ids, noise, seed), protocol="sysu-all", trials=6) for noise, seed in ((1.0, 1), (1.4, 2))]
+    (tmp_path / "a.json").write_text(json.dumps(runs[0].to_dict()))
+    comparison = streameval.compare([tmp_path / "a.json", runs[1]], resamples=RESAMPLES)
+    assert comparison.to_dict()["unit"] == "trial" and comparison.to_dict()["metrics"]["mAP"]["n"] == 6
 
 
 # ------------------------------------------------------------------------------------- refusals

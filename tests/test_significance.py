@@ -67,6 +67,30 @@ def test_each_metric_s_samples_average_to_its_reported_value(arrays, case):
         assert all(len(v) == record["trials"]["T"] for v in samples.values())
 
 
+POOLED = {  # id: (protocol, options, unit with pool_trials)
+    "sgs-repeats": ("cuhk03-sgs", {}, "query"),  # the same queries in every repeat
+    "gallery-trials": ("sysu-all", {}, "query"),  # gallery draws: the same queries, positives in each
+    "query-trials": ("vehicleid", {}, "trial"),  # other queries in each trial: pairs of trials
+}
+
+
+@pytest.mark.parametrize("case", POOLED)
+def test_pooled_trials_average_each_query_over_the_trials_to_the_reported_value(arrays, case):
+    protocol, options, unit = POOLED[case]
+    record = record_of(arrays, protocol, **options)
+    got_unit, samples = metric_samples(record, pool_trials=True)
+    assert got_unit == unit
+    counted = np.asarray(record["per_query"]["counted"])
+    for name, values in samples.items():
+        assert values.mean() == pytest.approx(reported(record, name), rel=1e-12, abs=1e-15), name
+        if unit == "query" and name in ("mAP", "mINP", "rank1"):
+            assert len(values) == counted[0].sum()
+    if unit == "query":  # the per-query values are each query's mean over the trials
+        valid = counted & (np.asarray(record["per_query"]["n_positives"]) > 0)
+        ap = np.where(valid, np.asarray(record["per_query"]["ap"], dtype=float), 0.0)
+        assert np.allclose(samples["mAP"], ap.mean(axis=0)[counted[0]], rtol=0, atol=1e-15)
+
+
 def test_samples_count_the_denominator_s_queries(arrays):
     """skip: Q+ (of the queries the protocol keeps); zero: every kept query, Q- contributing 0;
     MREP over Q+ and MFR over Q- either way."""

@@ -180,15 +180,19 @@ def _samples(runs: list[Run]) -> tuple[str, list[dict]]:
     """(the unit, each run's samples by metric); a run without per-query values is named."""
     from ..run.significance import metric_samples
 
-    samples = []
-    for run in runs:
+    def of(run, pool_trials):
         try:
-            unit, found = metric_samples(run.result)
+            return metric_samples(run.result, pool_trials=pool_trials)
         except OptionError as exc:
             where = f"'{run.path}'" if run.path else run.label
             raise OptionError(f"{where}: {exc}") from None
-        samples.append(found)
-    return unit, samples  # one unit: the settings, trials among them, are the same
+
+    # with trials, pairs of queries where every run has them per query (the same settings and rows
+    # count the same queries in each), else pairs of trials
+    found = [of(run, True) for run in runs]
+    if len({unit for unit, _ in found}) > 1:
+        found = [of(run, False) for run in runs]
+    return found[0][0], [samples for _, samples in found]
 
 
 def _metric_names(baseline: dict, metrics) -> list[str]:

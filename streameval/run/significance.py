@@ -6,7 +6,10 @@ queries its denominator counts (``per_query["counted"]``: Q+ under ``skip``, eve
 trial under ``zero``, where a query without positives contributes 0), MREP over Q+ and MFR over
 Q- (``per_query["rep_area"]`` / ``["fr_area"]``, NaN outside).  Each sample array's mean is the
 reported value.  A run with trials (or sgs repeats) reports means over them: its samples are the
-per-trial values.
+per-trial values, or (``pool_trials``, what ``compare`` pairs) where every trial counts the same
+queries (sgs repeats, gallery trials) each query's contributions averaged over the trials: the
+trials' mean of means is then the mean over queries of those averages, and the paired differences
+carry the query-to-query variation that per-trial values (identical APs over sgs repeats) hide.
 """
 
 from __future__ import annotations
@@ -23,22 +26,41 @@ RANKS = (1, 5, 10)  # the CMC points the JSON reports
 GOM = {"MREP": "rep_area", "MFR": "fr_area"}
 
 
-def metric_samples(record: dict) -> tuple[str, dict[str, np.ndarray]]:
+def metric_samples(record: dict, pool_trials: bool = False) -> tuple[str, dict[str, np.ndarray]]:
     """(unit, samples) of a result ``record`` (``Result.to_dict(per_query=True)`` or its JSON):
     unit "query" (per-query contributions) or "trial" (per-trial values), and per metric a float64
     array whose mean is the reported value.  Metrics the run did not report (a rank past
     ``max_rank``, GOM turned off, a value undefined without Q+ or Q-) are left out; so is CMC@k of
     sgs mode ``expected``, whose curve is a mean of per-query expectations the JSON does not hold.
+    ``pool_trials``: with trials, unit "query" (contributions averaged over the trials) where the
+    per-query values are there and every trial counts the same queries.
     A protocol with two directions (regdb) is refused: pass one of ``record["directions"]``."""
     if record.get("directions"):
         names = ", ".join(record["directions"])
         raise OptionError(f"a result with two directions ({names}) has samples per direction: "
                           f"take one of its 'directions' sections")
     if record.get("trials"):
-        return "trial", _trial_samples(record["trials"]["per_trial"])
+        pooled = _pooled_samples(record) if pool_trials and record.get("per_query") is not None else None
+        return ("trial", _trial_samples(record["trials"]["per_trial"])) if pooled is None else ("query", pooled)
     if record.get("per_query") is None:
         raise OptionError("this result was written without --per-query; rerun with --per-query")
     return "query", _query_samples(record)
+
+
+def _pooled_samples(record: dict) -> dict | None:
+    """Each query's contributions averaged over the trials, or None where the trials count other
+    queries (or other queries have GOM areas) from trial to trial."""
+    per_query = {key: np.asarray(values, dtype=np.float64 if key.endswith("area") else None)
+                 for key, values in record["per_query"].items()}
+    if "counted" not in per_query:
+        raise OptionError("this result's per-query values predate the 'counted' queries; rerun with --per-query")
+    masks = [per_query["counted"], per_query["n_positives"] > 0,
+             *(np.isnan(per_query[key]) for key in GOM.values() if key in per_query)]
+    if any((mask != mask[:1]).any() for mask in masks):
+        return None
+    trials = [_query_samples({**record, "per_query": {key: values[t] for key, values in per_query.items()}})
+              for t in range(len(per_query["counted"]))]
+    return {name: np.mean([found[name] for found in trials], axis=0) for name in trials[0]}
 
 
 def _trial_samples(per_trial: list) -> dict:
