@@ -65,7 +65,7 @@ __all__ = [
     "COMMITTED_ATTR", "DEFAULT_CHUNK_ROWS", "FEATURE_DTYPES", "FIELDS", "ID_FILL", "METRICS", "SCHEMA_VERSION",
     "SETS", "FeatureSet", "Store", "describe", "is_local_path", "open_group", "open_store", "read_field", "read_ids", "read_rows",
     "rows_fingerprint", "validate_values", "check_batch", "check_features", "check_ids", "check_metric",
-    "feature_dtype", "row_number", "append_batches", "append_gallery", "appendable", "commit_gallery", "create_store",
+    "feature_dtype", "row_number", "append_batches", "append_gallery", "appendable", "array_dtype", "commit_gallery", "create_store",
     "estimated_bytes", "new_store", "refuse_existing", "upgrade_store", "write_rows", "write_store", "CLEAN", "variant_attrs",
-    "variant_columns", "variant_names", "variant_set", "write_variant", "array_dtype",
+    "variant_columns", "variant_names", "variant_set", "write_variant",
 ]

@@ -94,22 +94,18 @@ def _first_tau(tau: np.ndarray, mask: np.ndarray):
     return float(tau[hits[0]]) if hits.size else None
 
 
-def _trapezoid(curve: np.ndarray, tau: np.ndarray) -> float:
-    return float(np.sum(np.diff(tau) * (curve[1:] + curve[:-1]) / 2))
+def trapezoid(curves: np.ndarray, tau: np.ndarray) -> np.ndarray:
+    """The trapezoid integral over ``tau`` of a curve (a float) or of each row of curves (an array)."""
+    return np.sum(np.diff(tau) * (curves[..., 1:] + curves[..., :-1]) / 2, axis=-1)
 
 
 def query_areas(curves: dict, in_trial: np.ndarray, n_positives: np.ndarray, options: GomOptions) -> dict:
     """Each query's share of MREP and MFR: ``rep_area``, the trapezoid integral of its ReP curve
     (Q+ of the trial; NaN elsewhere), and ``fr_area``, of its FR curve (Q-; NaN elsewhere).  The
     integral is linear, so MREP is the mean of ``rep_area`` over Q+ and MFR of ``fr_area`` over Q-."""
-    tau = options.tau
-
-    def areas(curve, rows):
-        area = np.sum(np.diff(tau) * (curve[:, 1:] + curve[:, :-1]) / 2, axis=1)
-        return np.where(rows, area, np.nan)
-
     valid = n_positives > 0
-    return {"rep_area": areas(curves["rep"], in_trial & valid), "fr_area": areas(curves["fr"], in_trial & ~valid)}
+    return {"rep_area": np.where(in_trial & valid, trapezoid(curves["rep"], options.tau), np.nan),
+            "fr_area": np.where(in_trial & ~valid, trapezoid(curves["fr"], options.tau), np.nan)}
 
 
 def summarize(curves: dict, n_positives: np.ndarray, options: GomOptions, dist_range: DistanceRange | None) -> dict:
@@ -128,9 +124,9 @@ def summarize(curves: dict, n_positives: np.ndarray, options: GomOptions, dist_r
         m_rp, m_vp, m_rep = (curves[name][valid].mean(axis=0) for name in ("rp", "vp", "rep"))
         out.update(
             mRP=m_rp.tolist(), mVP=m_vp.tolist(), mReP=m_rep.tolist(), mReP_max=float(m_rep.max()),
-            tau_max=_first_tau(tau, m_rep == m_rep.max()), mVP_max=float(m_vp.max()), MREP=_trapezoid(m_rep, tau),
+            tau_max=_first_tau(tau, m_rep == m_rep.max()), mVP_max=float(m_vp.max()), MREP=float(trapezoid(m_rep, tau)),
         )
     if not valid.all():
         m_fr = curves["fr"][~valid].mean(axis=0)
-        out.update(mFR=m_fr.tolist(), MFR=_trapezoid(m_fr, tau), tau_nz=_first_tau(tau, m_fr > 0))
+        out.update(mFR=m_fr.tolist(), MFR=float(trapezoid(m_fr, tau)), tau_nz=_first_tau(tau, m_fr > 0))
     return out

@@ -10,6 +10,7 @@ from functools import partial
 
 import numpy as np
 
+from ...core.errors import OptionError
 from ...engine.neighbours import neighbour_pass, pair_distances
 from ...engine.sources import block_source
 from .flavours import FLAVOURS
@@ -23,14 +24,12 @@ def prepare_run(store, settings, runner, temporary):
     spec = settings.rerank
     dtype = knn_dtype(store, settings)
     if spec.qe is not None:
-        from ...core.errors import OptionError
         from ...core.outputs import temporary_folder
+        from .expansion import expand
 
         if spec.qe.k > len(store.query) + len(store.gallery):
             raise OptionError(f"--qe-k {spec.qe.k} is more than the {len(store.query) + len(store.gallery):,} queries "
                               "and gallery rows it averages over")
-        from .expansion import expand
-
         folder = temporary.enter_context(temporary_folder())
         store = expand(store, partial(knn, runner=runner, dtype=dtype), spec.qe.k, spec.qe.alpha, spec.qe.times, folder)
         dtype = np.float64
