@@ -314,6 +314,10 @@ _execution_options = _section(
                  help="LocalCluster memory limit per worker, a SIZE as --memory-budget's (e.g. 4GiB, 4GB)."),
     click.option("--connect-timeout", type=Bounded("connect_timeout"), default=15.0, show_default=True,
                  help="Seconds to wait for a cluster's scheduler and first worker."),
+    click.option("--device", default=None, metavar="DEVICE",
+                 help="Where the GEMMs run: cpu (default), cuda or cuda:N (an NVIDIA GPU; needs the gpu extra: pip "
+                      "install 'streameval[gpu]'), or torch:cpu (the GPU path's code on the CPU). The same numbers "
+                      "on every device (docs/gpu.md). With --cluster local --n-workers <GPUs>, worker n takes GPU n."),
     click.option("-S", "--storage-option", "storage_options", multiple=True, callback=_key_values,
                  metavar="KEY=VALUE",
                  help="fsspec storage option for a URL store (s3://...), repeatable, e.g. -S anon=true."),

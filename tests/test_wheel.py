@@ -5,7 +5,8 @@ Installed with its dependencies into a fresh venv outside the tree, on each Pyth
 3.13 this machine has, and run from another folder (so the checkout cannot be imported): every
 module imports, and the commands a new user tries first work -- ``--help``, ``synth``, ``eval``
 (with ``--ci`` and ``--per-query-out``), ``compare``, ``suite`` and ``plot``, and in Python the
-``Evaluator`` and the torchreid adapter.  Without the plot extra, ``plot`` is one error line naming what to install.
+``Evaluator`` and the torchreid adapter.  Without the plot extra, ``plot`` is one error line naming what to install;
+without torch (the gpu extra), so is ``eval --device cuda``.
 
 Slow (a venv and pip per Python: about a minute each once pip's cache holds the dependencies);
 scripts/test, and so CI, runs it with the rest.
@@ -192,6 +193,10 @@ def test_the_installed_wheel_runs_from_any_folder(wheel, venv, tmp_path, version
     assert refused.stderr.startswith("error: streameval plot needs matplotlib, which is not installed: "
                                      "pip install matplotlib (the 'plot' extra")
     assert not (work / "curves.png").exists()
+    no_torch = streameval("eval", "tiny.zarr", "--device", "cuda", "-q", code=4)  # torch: the gpu extra
+    assert no_torch.stderr.splitlines() == [no_torch.stderr.strip()]
+    assert no_torch.stderr.startswith("error: --device (the GPU path) needs torch, which is not installed: "
+                                      "pip install torch (the 'gpu' extra")
 
     succeeded(run([*pip, f"{wheel}[plot]"], cwd=work, env=env, timeout=PIP_TIMEOUT_S))
     streameval("plot", "result.json", "curves.png")

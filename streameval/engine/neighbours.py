@@ -44,7 +44,7 @@ def neighbour_pass(sets: tuple, k: int, metric: str, runner, dtype) -> Neighbour
     chunks per worker, the lists merged as sorted keys), GEMMs in ``dtype`` settled exactly."""
     if metric not in ("cosine", "sqeuclidean"):
         raise ValueError(f"the kNN pass takes cosine or sqeuclidean distances, not {metric!r}")
-    source = sources.block_source(metric, sets[0].dim, dtype)
+    source = sources.block_source(metric, sets[0].dim, dtype, runner.device)
     parts = u_parts(sets)
     k = min(k, parts[-1].offset + len(parts[-1].fs))  # a list of all of U is as long as one gets
     chunks = graph.gallery_chunks(runner.plan, parts)

@@ -13,6 +13,7 @@ import threading
 import numpy as np
 
 _buffers: dict[tuple, np.ndarray] = {}  # (thread id, purpose) -> reusable buffer
+_kept: dict[tuple, tuple] = {}  # (thread id, purpose) -> (the source object, what was made of it)
 
 
 def buffer(purpose: str, dtype, shape: tuple) -> np.ndarray:
@@ -25,6 +26,18 @@ def buffer(purpose: str, dtype, shape: tuple) -> np.ndarray:
     return found[:size].reshape(shape)
 
 
+def kept(purpose: str, source, make):
+    """This thread's ``make(source)``, made again only when ``source`` is another object than last
+    time for ``purpose`` (a query block's features put on a device once for every gallery chunk
+    the thread scores; the source is held, so its id is never another's)."""
+    key = (threading.get_ident(), purpose)
+    found = _kept.get(key)
+    if found is None or found[0] is not source:
+        found = _kept[key] = (source, make(source))
+    return found[1]
+
+
 def release() -> None:
     """Drop every buffer (the threaded scheduler's threads outlive an evaluation)."""
     _buffers.clear()
+    _kept.clear()

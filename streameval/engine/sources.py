@@ -7,27 +7,31 @@ with the source's ``metric`` and ``c_dot`` (``c_refine`` after ``kernels.refined
 ``kernels.canonical_distance`` reads to recompute a pair exactly (``exact``); and the exact distances
 of listed pairs (``pair_distances``).  ``FeatureSource`` makes the values by GEMMs of the features,
 ``StoredSource`` reads a distance store's.  Another source (distances re-ranked from a first-stage
-source, a GEMM on an accelerator) is another class with these members, chosen in ``block_source``.
+source) is another class with these members, chosen in ``block_source``; ``DeviceSource`` runs
+``FeatureSource``'s GEMM on a device (``device``).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import kernels, scratch
+from . import device as devices, kernels, scratch
 from ..core.errors import OptionError, StoreError
 from ..store import FeatureSet, read_rows, row_number
 
 
-def block_source(metric: str, dim: int, precision):
+def block_source(metric: str, dim: int, precision, device: str | None = None):
     """The source of a run's distances: a distance store's own (its kind as the metric), else the
-    features' GEMM in the working precision ``precision``."""
+    features' GEMM in the working precision ``precision``, on ``device`` (``device.parse_device``;
+    None: numpy's, on the CPU)."""
     code = kernels.METRIC_CODES[metric]
     if code == kernels.PRECOMPUTED:
         return StoredSource()
-    return FeatureSource(code, kernels.dot_error_bound(dim, precision), kernels.dot_error_bound(dim, np.float64))
+    bounds = (code, kernels.dot_error_bound(dim, precision), kernels.dot_error_bound(dim, np.float64))
+    return FeatureSource(*bounds) if device is None else DeviceSource(*bounds, device)
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,32 @@ class FeatureSource:
         features = read_rows(part.fs, slice(start, stop), queries.features.dtype)[0]
         terms = self.prepare(part.fs, slice(start, stop), features)[0]
         return kernels.pair_distances(queries.features, features, qrows, grows, queries.terms, terms, self.metric)
+
+
+@dataclass(frozen=True)
+class DeviceSource(FeatureSource):
+    """``FeatureSource`` with its GEMM on a device (``device`` module): each worker thread keeps its
+    query block and its current gallery chunk there, so a chunk is uploaded once for all the query
+    sub-blocks and a query block once for all the chunks; the dot products come back to the host,
+    into the same scratch buffer.  The device's GEMM sums in another order than numpy's, within
+    the same ``c_dot`` bound, so the statistics' windows and settling give the same numbers."""
+
+    device: str = devices.TORCH_CPU  # ``device.parse_device``'s name
+
+    def block(self, part, start: int, stop: int, queries, chunk, rows: slice) -> np.ndarray:
+        torch = devices.torch_module()
+        where = devices.gemm_device(self.device, queries.features.dtype)
+        on_device = functools.partial(resident, torch, where)
+        a = scratch.kept("device-queries", queries.features, on_device)[rows]
+        b = scratch.kept("device-chunk", chunk.features, on_device)
+        out = scratch.buffer("dots", queries.features.dtype, (a.shape[0], b.shape[0]))
+        torch.from_numpy(out).copy_(torch.matmul(a, b.T))
+        return out
+
+
+def resident(torch, where, features: np.ndarray):
+    """``features`` copied to the device ``where``."""
+    return torch.from_numpy(np.ascontiguousarray(features)).to(where)
 
 
 @dataclass(frozen=True)

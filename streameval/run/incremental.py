@@ -128,7 +128,7 @@ def advance(store: Store, settings: Settings, runner: Runner, saved: QueryState)
     old = replace(saved, stats=StatState(settings.statistics(meta, store.dim), saved.stats.arrays))
     if graph.extended_rows(parts) == old.gallery_rows:
         return old, 0, 0, _facts(old, old, np.empty(0), np.empty(0))
-    scoring = settings.scoring(store.dim, meta)
+    scoring = settings.scoring(store.dim, meta, runner.device)
     plan, n0, n1 = runner.plan, old.gallery_rows, graph.extended_rows(parts)
     blocks = graph.positives_pass(store.query, parts, plan, scoring, meta, start=n0)
     sizes = [graph.block_size(rows) for rows in graph.query_blocks(plan, None, len(store.query))]

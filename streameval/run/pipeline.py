@@ -20,6 +20,7 @@ from ..features.ranked import finalise as ranked
 from ..features.verification import placement, report, spec as verification
 from ..features.rerank import spec as reranking
 from ..core.errors import OptionError
+from ..engine.device import describe
 from ..engine.ranges import normalisations
 from ..core.progress import COMPILING, compile_timer
 from .settings import Settings
@@ -152,7 +153,7 @@ def full_state(store: Store, settings: Settings, runner):
     """(Every query's state over the whole extended gallery, the bytes the graph read, the pairs
     scored, None: no update's facts)."""
     parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
-    scoring = settings.scoring(store.dim, runner.meta)
+    scoring = settings.scoring(store.dim, runner.meta, runner.device)
     positives, states, dist_range = runner.compute(graph.build(store.query, parts, runner.plan, scoring, runner.meta))
     query_state = QueryState(Positives.concat(positives), StatState.concat(states), dist_range,
                              graph.extended_rows(parts))
@@ -205,7 +206,8 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner, byt
         mINP=values["mINP"], options={"precision": settings.precision, "std_ddof": settings.std_ddof},
         run={
             "query_block": runner.plan.query_block, "gallery_chunk": runner.plan.gallery_chunk,
-            "workers": runner.plan.workers, "scheduler": runner.where, "bytes_read": bytes_read,
+            "workers": runner.plan.workers, "scheduler": runner.where, "device": describe(runner.device),
+            "bytes_read": bytes_read,
             **metrics.run_timing(dict(runner.phases.seconds), pairs), **run_facts,
         },
         protocol_record=settings.protocol.to_record(), cmc_flavour=settings.protocol.cmc, cmc_first_hit=values["cmc_first_hit"],

@@ -17,6 +17,7 @@ from threadpoolctl import threadpool_limits
 
 from ..engine import scratch, tiny
 from ..engine.cluster import connect
+from ..engine.device import gemm_device
 from ..core.errors import OptionError
 from .pipeline import gallery_metadata, run_passes
 from ..engine.plan import format_bytes, make_plan, parse_bytes
@@ -34,9 +35,10 @@ class Runner:
     what numba still compiled meanwhile (``compiled``: also booked as "compiling kernels", the bar
     says "compiling kernels" while it happens)."""
 
-    def __init__(self, client, plan, phases: Phases, bar: Bar | None, meta=None, knn_cache=None):
+    def __init__(self, client, plan, phases: Phases, bar: Bar | None, meta=None, knn_cache=None, device=None):
         self.client, self.plan, self.phases, self.bar, self.meta = client, plan, phases, bar, meta
         self.knn_cache = knn_cache  # where the kNN pass's lists are kept and reused (--knn-cache), if anywhere
+        self.device = device  # where the GEMMs run (``Execution.device``): None, the CPU path
         self.where = client.scheduler.address if client else "threads"
         self.running = False
         self.compiled = 0.0
@@ -87,19 +89,22 @@ class Runner:
 @contextmanager
 def session(store: Store, settings: Settings, execution: Execution, phases: Phases, label: str = "streameval",
             meta=None):
-    """Connect (checked, see ``cluster.connect``), read the gallery metadata (``meta`` if given: a
+    """Connect (checked, see ``cluster.connect``), open the device (``device.gemm_device``: where
+    the run is local; a cluster's workers open theirs at their first task), read the gallery metadata (``meta`` if given: a
     suite's stacked variants take the clean rows'), plan the chunks and compile (or load from numba's
     cache) every kernel the run will call by a rehearsal (``rehearse``), a phase of its own; yield a
     :class:`Runner` whose progress bar is labelled ``label``.  Closing a cluster we connected to is a
     phase of its own too."""
     with connect(execution.cluster, store) as client:
         client = client or _active_client()
+        if execution.device is not None and client is None:
+            gemm_device(execution.device, np.dtype(settings.precision))
         workers = execution.workers or (sum(client.nthreads().values()) if client else os.cpu_count() or 1)
         meta = gallery_metadata(store, settings) if meta is None else meta
         shown = execution.progress  # False, True (draw on stderr) or a text stream to draw on
         bar = Bar(Reporter(label, shown if hasattr(shown, "write") else None), workers=workers) if shown else None
         runner = Runner(client, run_plan(store, settings, execution, workers, meta), phases, bar, meta,
-                        execution.knn_cache)
+                        execution.knn_cache, execution.device)
         try:
             phases.lap("setup")
             with bar.compiling() if bar is not None else nullcontext():

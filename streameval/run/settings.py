@@ -16,6 +16,7 @@ from ..features import REGISTRY
 from ..engine.plan import DEFAULT_MEMORY_BUDGET, parse_bytes
 from ..protocols.rules import Rules
 from ..protocols.record import Protocol
+from ..engine.device import parse_device
 from ..engine.sources import block_source
 from ..store import Store
 
@@ -91,8 +92,9 @@ class Settings:
 
         return (Slots(self.n_trials), *(stat for feature in REGISTRY for stat in feature.statistics(self, meta, dim)))
 
-    def scoring(self, dim: int, meta) -> graph.Scoring:
-        source = block_source(self.metric, dim, self.precision)
+    def scoring(self, dim: int, meta, device: str | None = None) -> graph.Scoring:
+        """What the passes score with, the GEMMs on ``device`` (``Execution.device``)."""
+        source = block_source(self.metric, dim, self.precision, device)
         for feature in filter(lambda feature: feature.setting, REGISTRY):
             source = feature.block_source(getattr(self, feature.name), source)
         return graph.Scoring(np.dtype(self.precision), source, self.rules, self.gom, self.statistics(meta, dim))
@@ -128,6 +130,7 @@ class Execution:
     cluster: ClusterOptions = ClusterOptions()
     progress: object = False  # False, True (draw on stderr) or a text stream to draw on
     knn_cache: str | None = None  # re-ranking's kNN lists kept and reused here (features/rerank/cache.py)
+    device: str | None = None  # where the GEMMs run (engine/device.py): None, the CPU path
 
     @classmethod
     def from_options(cls, caller: str, options: dict) -> "Execution":
@@ -140,13 +143,14 @@ class Execution:
         cluster = ClusterOptions(o["scheduler"], o["scheduler_file"], o["cluster"], o["n_workers"],
                                  o["threads_per_worker"], memory_limit, o["connect_timeout"])
         return cls(o["query_block"], o["gallery_chunk"], o["memory_budget"], o["workers"], cluster, o["progress"],
-                   o["knn_cache"])
+                   o["knn_cache"], parse_device(o["device"]))
 
 
 EXECUTION_DEFAULTS = {  # where and in which chunks to run: the keywords evaluate and update share
     "query_block": None, "gallery_chunk": None, "memory_budget": DEFAULT_MEMORY_BUDGET, "workers": None,
     "scheduler": None, "scheduler_file": None, "cluster": None, "n_workers": None, "threads_per_worker": None,
     "memory_limit": None, "connect_timeout": CONNECT_TIMEOUT_S, "progress": False, "knn_cache": None,
+    "device": None,
 }
 
 

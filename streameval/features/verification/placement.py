@@ -67,7 +67,7 @@ def place(store, settings, runner, meta):
         return settings
     longest = max(b - a for a, b in ranges)
     core = min(n_queries * longest, math.ceil(REACH * max(rates) * n_queries * longest) + 64)
-    samples = runner.compute(_pilot(store, settings, runner.plan, meta, ranges, core))
+    samples = runner.compute(_pilot(store, settings, runner, meta, ranges, core))
     scale = rows / sum(b - a for a, b in ranges)
     jobs = []  # (capacity, trial, low, high, lowest sampled)
     for t in range(settings.n_trials):
@@ -139,22 +139,22 @@ def band_edges(sorted_d: tuple, negatives: tuple, limits: tuple, rate: float, z:
             float(grid[0]))
 
 
-def statistic_blocks(store, settings, meta, plan, stat, pass_name: str) -> tuple:
+def statistic_blocks(store, settings, meta, runner, stat, pass_name: str) -> tuple:
     """What a pass of the statistic ``stat`` alone needs (the pilot, the selection's further
     passes): its Scoring, the gallery parts, its PassContext, and per query block (row selection,
     delayed Rows)."""
     from ...engine import graph
     from ...engine.ranges import normalisations
 
-    scoring = replace(settings.scoring(store.dim, meta), statistics=(stat,))
+    scoring = replace(settings.scoring(store.dim, meta, runner.device), statistics=(stat,))
     parts = graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries)
     run = graph.PassContext(normalisations(None, None, settings.n_trials), meta)
     blocks = [(rows, graph.load_queries(store.query, rows, scoring, meta, pass_name))
-              for rows in graph.query_blocks(plan, None, len(store.query))]
+              for rows in graph.query_blocks(runner.plan, None, len(store.query))]
     return scoring, parts, run, blocks
 
 
-def _pilot(store, settings, plan, meta, ranges: list, core: int):
+def _pilot(store, settings, runner, meta, ranges: list, core: int):
     """Delayed: per range, per trial (its negatives' sorted fast distances below the range tail's
     reach, the range's negatives, that reach)."""
     from dask import delayed
@@ -162,7 +162,8 @@ def _pilot(store, settings, plan, meta, ranges: list, core: int):
     from ...engine import graph
 
     stat = Verify(settings.n_trials, settings.verification.hist_bits, core, False, False)
-    scoring, parts, run, blocks = statistic_blocks(store, settings, meta, plan, stat, "pilot")
+    scoring, parts, run, blocks = statistic_blocks(store, settings, meta, runner, stat, "pilot")
+    plan = runner.plan
     out = []
     for start, stop in ranges:  # (the query blocks are read once: every range shares them)
         states = [graph.scoring_pass(parts, plan, scoring, graph.block_size(rows), queries,

@@ -68,7 +68,7 @@ def _pass(store, settings, state, runner, meta, windows):
     from .statistic import Verify
 
     stat = Verify(settings.n_trials, settings.verification.hist_bits, 0, False, False, windows, count=False)
-    scoring, parts, run, blocks = statistic_blocks(store, settings, meta, runner.plan, stat, "refinement")
+    scoring, parts, run, blocks = statistic_blocks(store, settings, meta, runner, stat, "refinement")
     states = [graph.scoring_pass(parts, runner.plan, scoring, graph.block_size(rows), queries,
                                  delayed(state.positives.take(np.arange(rows.start, rows.stop))), run, meta, 0,
                                  graph.extended_rows(parts), "refinement")
@@ -93,7 +93,7 @@ def settle(store, settings, meta, runner, qrows: np.ndarray, grows: np.ndarray) 
     from ...engine import graph
     from ...core.progress import read_work, work_key
 
-    scoring = settings.scoring(store.dim, meta)
+    scoring = settings.scoring(store.dim, meta, runner.device)
     queries, at = np.unique(qrows, return_inverse=True)
     loaded = delayed(graph.load_rows)(store.query, queries, scoring, meta,
                                       dask_key_name=work_key("settling", read_work(graph.rows_bytes(store.query,

@@ -1,0 +1,121 @@
+"""Devices a run's GEMMs may run on (``--device``): the CPU path (the default: numpy's BLAS), an
+NVIDIA GPU through torch (``cuda``, ``cuda:N``: the ``gpu`` extra), or the same torch code on the
+CPU (``torch:cpu``: the device path where no GPU is, for its tests).
+
+Only the GEMM moves (``sources.DeviceSource``): its dot products come back to the host, where every
+statistic runs its kernels as on the CPU path and settles the pairs the GEMM's error window leaves
+open by the canonical float64 distance there.  So a device run's numbers equal the CPU path's bit
+for bit, provided the device's GEMM keeps within ``kernels.dot_error_bound`` - which TF32 does not:
+``opened`` switches it off and checks with a probe product that it is off (``check_strict``).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import numpy as np
+
+from ..core.errors import OptionError, StreamevalError
+from ..core.extras import require_extra
+
+TORCH_CPU = "torch:cpu"
+
+
+class DeviceError(StreamevalError):
+    """The device asked for cannot run the GEMMs (no GPU, no torch, TF32 forced on)."""
+
+    exit_code = 4
+
+
+def parse_device(value) -> str | None:
+    """``device=`` / ``--device``: None (the CPU path) for None or "cpu"; "cuda", "cuda:N" or
+    "torch:cpu" as given."""
+    if value is None or value == "cpu":
+        return None
+    text = str(value)
+    kind, _, index = text.partition(":")
+    if text in ("cuda", TORCH_CPU) or (kind == "cuda" and index.isdigit() and index == str(int(index))):
+        return text
+    raise OptionError(f"device must be cpu, cuda or cuda:N (N a GPU's index), or torch:cpu (the GPU path's code "
+                      f"on the CPU), got {value!r}")
+
+
+def torch_module():
+    return require_extra("torch", package="torch", extra="gpu", purpose="--device (the GPU path)", error=DeviceError)
+
+
+@functools.cache
+def opened(name: str):
+    """The torch device of ``name`` (``parse_device``), checked once per process: CUDA visible,
+    the index in range, TF32 switched off.  "cuda" without an index: the worker's GPU
+    (``worker_gpu``)."""
+    torch = torch_module()
+    if name == TORCH_CPU:
+        torch.set_num_threads(1)  # Dask runs the tasks in parallel; a GEMM runs on one core, as numpy's does
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise DeviceError(f"--device {name}: torch {torch.__version__} ({build}) sees no CUDA GPU; leave --device out "
+                          "to run on the CPU")
+    count = torch.cuda.device_count()
+    index = int(name.partition(":")[2] or worker_gpu(count))
+    if index >= count:
+        raise DeviceError(f"--device {name}: this machine has {count} CUDA GPU(s) (cuda:0 to cuda:{count - 1})")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    return torch.device("cuda", index)
+
+
+@functools.cache
+def gemm_device(name: str, dtype: np.dtype):
+    """``opened(name)``, its float32 GEMMs checked strict when ``dtype`` is float32 (float64
+    GEMMs have no reduced-precision mode to fear)."""
+    device = opened(name)
+    if dtype == np.float32:
+        torch = torch_module()
+        check_strict(lambda a, b: torch.matmul(torch.from_numpy(a).to(device), torch.from_numpy(b).to(device)).cpu()
+                     .numpy(), name)
+    return device
+
+
+def worker_gpu(count: int) -> int:
+    """The GPU of this process: a Dask worker named n (a LocalCluster's are 0, 1, ...) takes GPU
+    n mod ``count``, so ``--cluster local --n-workers <GPUs>`` runs one worker per GPU; any other
+    process (the threaded scheduler, a worker started with CUDA_VISIBLE_DEVICES) GPU 0."""
+    if "distributed" not in sys.modules:  # not a worker: importing distributed costs 0.3 s
+        return 0
+    from distributed import get_worker
+
+    try:
+        name = get_worker().name
+    except ValueError:
+        return 0
+    return int(name) % count if str(name).isdigit() else 0
+
+
+# 1 + 2^-12 has 13 significant bits: float32 keeps it, TF32 (10 stored bits) rounds it to 1.
+PROBE = np.float32(1.0 + 2.0**-12)
+
+
+def check_strict(matmul, name: str) -> None:
+    """Raise DeviceError unless ``matmul`` (numpy float32 in and out, run on the device) multiplies
+    float32 inputs unrounded: TF32 can be forced on behind the caller's back (NVIDIA_TF32_OVERRIDE,
+    a library's default), and its products err ~100x the float32 bound the windows assume."""
+    a = np.eye(64, dtype=np.float32) * PROBE
+    product = matmul(a, np.eye(64, dtype=np.float32))
+    if not np.array_equal(np.diagonal(product), np.full(64, PROBE)):
+        raise DeviceError(f"--device {name}: the GPU's float32 GEMM rounds its inputs (TF32: is NVIDIA_TF32_OVERRIDE "
+                          "set?), so its dot products could leave the error bound the exact ranking relies on; unset "
+                          "it, or evaluate with --precision float64")
+
+
+def describe(name: str | None) -> str:
+    """The device as the result reports it: "cpu", or the name with its GPU's model."""
+    if name is None:
+        return "cpu"
+    if name == TORCH_CPU:
+        return name
+    torch = torch_module()
+    device = opened(name)
+    return f"cuda:{device.index} ({torch.cuda.get_device_name(device)})"

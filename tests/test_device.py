@@ -1,0 +1,178 @@
+"""The device path (``--device``, engine/device.py): its GEMMs run in torch, here on the CPU
+(``torch:cpu``, the same code a GPU runs), and its numbers equal the CPU path's and the brute-force
+reference's, for every statistic, protocol and chunking.  A GPU's own checks (strict float32
+products, the speed) need one: ``scripts/bench.py --device cuda``, ``scripts/gpu_check.sh``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import streameval
+from streameval.engine.device import DeviceError, check_strict, parse_device
+from streameval.core.errors import OptionError
+
+from test_engine_vs_reference import SETTINGS, check_all_chunkings, chunkings, integer_problems
+
+DEVICE = "torch:cpu"
+
+
+def test_device_names_parse_to_the_cpu_path_or_a_torch_device():
+    assert parse_device(None) is None and parse_device("cpu") is None
+    for name in ("cuda", "cuda:0", "cuda:3", "torch:cpu"):
+        assert parse_device(name) == name
+    for bad in ("gpu", "cuda:", "cuda:-1", "cuda:01", "cuda:x", "torch:cuda", "CUDA"):
+        with pytest.raises(OptionError, match="device must be"):
+            parse_device(bad)
+
+
+def tf32(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to TF32's 10 stored significand bits (to nearest), as a tensor core reads them."""
+    bits = x.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + (1 << 12)) >> 13) << 13
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+def test_the_probe_product_refuses_a_gemm_that_rounds_its_inputs_to_tf32():
+    check_strict(np.matmul, "cuda")  # float32 products pass
+    with pytest.raises(DeviceError, match="TF32"):
+        check_strict(lambda a, b: np.matmul(tf32(a), tf32(b)), "cuda")
+
+
+@settings(max_examples=25, **SETTINGS)
+@given(st.data())
+def test_integer_features_on_the_device_match_the_reference(data):
+    """Every metric and precision, protocols, junk sets, chunkings: ties (integer features) decided
+    as on the CPU path, by (distance, gallery index)."""
+    pytest.importorskip("torch")
+    problem, options = data.draw(integer_problems())
+    plans = data.draw(chunkings(len(problem["q_pids"]), len(problem["g_pids"])))
+    check_all_chunkings(problem, problem, dict(options, device=DEVICE), plans)
+
+
+def identities(seed: int, nq: int = 40, ng: int = 500, dim: int = 24, ids: int = 15) -> dict:
+    """Continuous float32 features around identity centres (the device's GEMM sums in another order
+    than numpy's: its dot products differ in the last bits), junk (-1) and distractors (0) in the
+    gallery, two identities only queries have (open-set queries), cameras 1-6."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(ids + 1, dim))
+    q_pids, g_pids = rng.integers(1, ids + 3, nq), rng.integers(-1, ids + 1, ng)
+
+    def features(pids):
+        return (centres[np.clip(pids, 0, ids)] + 0.8 * rng.normal(size=(pids.size, dim))).astype(np.float32)
+
+    return dict(qf=features(q_pids), q_pids=q_pids, q_camids=rng.integers(1, 7, nq), gf=features(g_pids),
+                g_pids=g_pids, g_camids=rng.integers(1, 7, ng))
+
+
+def numbers(result) -> dict:
+    """Everything a result says but how the run went."""
+    out = result.to_dict(per_query=True)
+    out.pop("run")
+    for direction in (out.get("directions") or {}).values():  # regdb: each direction's run too
+        direction.pop("run")
+    return out
+
+
+# every statistic the scoring pass counts: slots (CMC, AP, INP), GOM (minmax: the range pass; fixed),
+# sgs and trials, dedup (mars), open-set, verification (its pilot and refinement passes), ranked
+# lists, and re-ranking's kNN pass and query expansion (GEMMs on the device too)
+RUNS = {
+    "market, GOM minmax": dict(),
+    "GOM fixed, cosine": dict(metric="cosine", gom_norm="fixed:0:2"),
+    "float64 GEMMs": dict(precision="float64", metric="euclidean"),
+    "cuhk03-sgs": dict(protocol="cuhk03-sgs", no_gom=True),
+    "sysu-all trials": dict(protocol="sysu-all", no_gom=True),
+    "vehicleid": dict(protocol="vehicleid", no_gom=True),
+    "mars dedup": dict(protocol="mars", no_gom=True),
+    "regdb two directions": dict(protocol="regdb", no_gom=True),
+    "open-set and verification": dict(open_set=True, verification=True, no_gom=True),
+    "ranked lists": dict(ranked_list=5, no_gom=True),
+    "re-ranking": dict(rerank="matlab", no_gom=True),
+    "query expansion": dict(qe="aqe", no_gom=True),
+}
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_every_statistic_on_the_device_gives_the_cpu_paths_numbers(run):
+    pytest.importorskip("torch")
+    data, options = identities(seed=len(run)), RUNS[run]
+    for chunks in (dict(), dict(query_block=7, gallery_chunk=61)):  # (the kNN pass's settled pairs depend on them)
+        cpu = streameval.evaluate(data, **chunks, **options)
+        on_device = streameval.evaluate(data, device=DEVICE, **chunks, **options)
+        assert numbers(on_device) == numbers(cpu)
+        assert (cpu.run["device"], on_device.run["device"]) == ("cpu", DEVICE)
+
+
+def run_cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "streameval.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("device") / "store.zarr"
+    data = identities(seed=0)
+    streameval.write_store(str(path), data["qf"], data["q_pids"], data["q_camids"], data["gf"], data["g_pids"],
+                           data["g_camids"])
+    return str(path)
+
+
+def test_a_gpu_asked_for_where_there_is_none_is_one_error_line(store):
+    """Exit 4 (the environment): torch's CPU build sees no GPU, or torch is not installed (the gpu extra)."""
+    for device in ("cuda", "cuda:1"):
+        done = run_cli("eval", store, "--device", device)
+        assert done.returncode == 4, done.stderr
+        assert done.stdout == "" and done.stderr.count("\n") == 1 and done.stderr.startswith("error: ")
+        assert "--device" in done.stderr
+
+
+def test_a_device_that_is_no_device_is_refused_before_any_work(store):
+    done = run_cli("eval", store, "--device", "gpu0")
+    assert done.returncode == 2 and done.stderr.startswith("error: device must be")
+    assert done.stderr.count("\n") == 1
+
+
+def test_the_cli_on_the_device_prints_the_cpu_paths_summary(store):
+    pytest.importorskip("torch")
+    cpu = run_cli("eval", store, "--no-gom", "--format", "csv")
+    on_device = run_cli("eval", store, "--no-gom", "--format", "csv", "--device", DEVICE)
+    assert cpu.returncode == on_device.returncode == 0, on_device.stderr
+    assert on_device.stdout == cpu.stdout and "mAP" in cpu.stdout
+
+
+def test_one_worker_per_gpu_on_a_local_cluster(store):
+    """``--cluster local --n-workers G --device cuda``: worker n takes GPU n mod G (``worker_gpu``),
+    and a cluster's workers run the device path to the threaded CPU path's numbers."""
+    pytest.importorskip("torch")
+    distributed = pytest.importorskip("distributed")
+    from streameval.engine.device import worker_gpu
+
+    cpu = numbers(streameval.evaluate(store))
+    on_cluster = streameval.evaluate(store, device=DEVICE, cluster="local", n_workers=2, threads_per_worker=1)
+    assert numbers(on_cluster) == cpu and on_cluster.run["device"] == DEVICE
+    with distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=False) as cluster, \
+            distributed.Client(cluster) as client:
+        picked = {worker.name: client.submit(worker_gpu, 2, workers=[worker.address], pure=False).result()
+                  for worker in cluster.workers.values()}
+    assert picked == {0: 0, 1: 1, 2: 0}
+    assert worker_gpu(2) == 0  # not a worker: the threaded scheduler's process
+
+
+def test_an_update_on_the_device_equals_a_full_evaluation(tmp_path):
+    """``update`` scores the appended rows (and the queries they give positives) on the device."""
+    pytest.importorskip("torch")
+    data, more = identities(seed=3), identities(seed=4, nq=1, ng=80)
+    path, state = str(tmp_path / "store.zarr"), str(tmp_path / "state")
+    streameval.write_store(path, data["qf"], data["q_pids"], data["q_camids"], data["gf"], data["g_pids"],
+                           data["g_camids"], chunk_rows=64)
+    streameval.evaluate(path, state=state, device=DEVICE)
+    streameval.append_gallery(path, more["gf"], more["g_pids"], more["g_camids"])
+    updated = streameval.update(path, state, device=DEVICE, gallery_chunk=50)
+    assert updated.run["update"]["rows_added"] == 80
+    whole = streameval.evaluate(path)
+    assert numbers(updated) == numbers(whole)
