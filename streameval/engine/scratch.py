@@ -16,13 +16,14 @@ _buffers: dict[tuple, np.ndarray] = {}  # (thread id, purpose) -> reusable buffe
 _kept: dict[tuple, tuple] = {}  # (thread id, purpose) -> (the source object, what was made of it)
 
 
-def buffer(purpose: str, dtype, shape: tuple) -> np.ndarray:
-    """This thread's buffer for ``purpose``, viewed as ``shape`` (contents undefined)."""
+def buffer(purpose: str, dtype, shape: tuple, allocate=np.empty) -> np.ndarray:
+    """This thread's buffer for ``purpose``, viewed as ``shape`` (contents undefined), made by
+    ``allocate(size, dtype)`` when there is none large enough."""
     size = int(np.prod(shape))
     key = (threading.get_ident(), purpose)
     found = _buffers.get(key)
     if found is None or found.dtype != dtype or found.size < size:
-        found = _buffers[key] = np.empty(size, dtype=dtype)
+        found = _buffers[key] = allocate(size, dtype=dtype)
     return found[:size].reshape(shape)
 
 

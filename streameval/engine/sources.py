@@ -90,7 +90,8 @@ class DeviceSource(FeatureSource):
         on_device = functools.partial(resident, torch, where)
         a = scratch.kept("device-queries", queries.features, on_device)[rows]
         b = scratch.kept("device-chunk", chunk.features, on_device)
-        out = scratch.buffer("dots", queries.features.dtype, (a.shape[0], b.shape[0]))
+        out = scratch.buffer("device-dots", queries.features.dtype, (a.shape[0], b.shape[0]),
+                             devices.host_allocator(self.device))
         torch.from_numpy(out).copy_(torch.matmul(a, b.T))
         return out
 
