@@ -131,6 +131,13 @@ def test_a_gpu_asked_for_where_there_is_none_is_one_error_line(store):
         assert "--device" in done.stderr
 
 
+def test_workers_without_a_gpu_are_one_error_line_before_any_work(store):
+    pytest.importorskip("distributed")
+    done = run_cli("eval", store, "--device", "cuda", "--cluster", "local", "--n-workers", "2", "-q")
+    assert done.returncode == 4 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("error: 2 Dask worker(s) cannot run the GEMMs, e.g. tcp://")
+
+
 def test_a_device_that_is_no_device_is_refused_before_any_work(store):
     done = run_cli("eval", store, "--device", "gpu0")
     assert done.returncode == 2 and done.stderr.startswith("error: device must be")

@@ -79,6 +79,27 @@ def gemm_device(name: str, dtype: np.dtype):
     return device
 
 
+def open_where_run(client, name: str, dtype: np.dtype) -> None:
+    """``gemm_device(name, dtype)`` where the GEMMs will run, before any work: in this process, or
+    on every worker of ``client``'s cluster (a failure there raised here, naming a worker, rather
+    than logged by each worker at its first task)."""
+    if client is None:
+        gemm_device(name, dtype)
+        return
+    failures = {worker: error for worker, error in client.run(_failure_to_open, name, dtype).items() if error}
+    if failures:
+        worker, error = next(iter(failures.items()))
+        raise DeviceError(f"{len(failures)} Dask worker(s) cannot run the GEMMs, e.g. {worker}: {error}")
+
+
+def _failure_to_open(name: str, dtype: np.dtype) -> str | None:
+    try:
+        gemm_device(name, dtype)
+    except DeviceError as exc:
+        return str(exc)
+    return None
+
+
 def worker_gpu(count: int) -> int:
     """The GPU of this process: a Dask worker named n (a LocalCluster's are 0, 1, ...) takes GPU
     n mod ``count``, so ``--cluster local --n-workers <GPUs>`` runs one worker per GPU; any other

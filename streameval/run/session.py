@@ -17,7 +17,7 @@ from threadpoolctl import threadpool_limits
 
 from ..engine import scratch, tiny
 from ..engine.cluster import connect
-from ..engine.device import gemm_device
+from ..engine.device import open_where_run
 from ..core.errors import OptionError
 from .pipeline import gallery_metadata, run_passes
 from ..engine.plan import format_bytes, make_plan, parse_bytes
@@ -89,16 +89,16 @@ class Runner:
 @contextmanager
 def session(store: Store, settings: Settings, execution: Execution, phases: Phases, label: str = "streameval",
             meta=None):
-    """Connect (checked, see ``cluster.connect``), open the device (``device.gemm_device``: where
-    the run is local; a cluster's workers open theirs at their first task), read the gallery metadata (``meta`` if given: a
+    """Connect (checked, see ``cluster.connect``), open the device where the GEMMs run
+    (``device.open_where_run``), read the gallery metadata (``meta`` if given: a
     suite's stacked variants take the clean rows'), plan the chunks and compile (or load from numba's
     cache) every kernel the run will call by a rehearsal (``rehearse``), a phase of its own; yield a
     :class:`Runner` whose progress bar is labelled ``label``.  Closing a cluster we connected to is a
     phase of its own too."""
     with connect(execution.cluster, store) as client:
         client = client or _active_client()
-        if execution.device is not None and client is None:
-            gemm_device(execution.device, np.dtype(settings.precision))
+        if execution.device is not None:
+            open_where_run(client, execution.device, np.dtype(settings.precision))
         workers = execution.workers or (sum(client.nthreads().values()) if client else os.cpu_count() or 1)
         meta = gallery_metadata(store, settings) if meta is None else meta
         shown = execution.progress  # False, True (draw on stderr) or a text stream to draw on
