@@ -99,6 +99,14 @@ too, interleaved) next to the bare U x U GEMM over the same rows (``uu-floor``) 
 torchreid-style numpy re-ranking at the largest N that fits this machine (``dense``), with the goals
 (within 1.5x the U x U GEMM, peak RSS < 2 GB).
 
+``--device DEV`` is a separate mode (issue 28, scripts/bench_device.py): the GPU path (DEV ``cuda``, ``cuda:N``,
+or ``torch:cpu``: the same torch code on the CPU) in-process (closed-set and default) and as a warm CLI
+process, next to the CPU path (unless ``--skip-cpu``) and two floors: the device's GEMM alone over the
+same chunk plan (gallery chunks already in host memory, uploaded and multiplied, TF32 off) and reading
+the store alone; each method over max(floors), and the device's numbers checked against the CPU path's
+(SAME / DIFFERENT).  ``--precision float64`` runs both paths and the GEMM floor in float64.
+scripts/gpu_check.sh runs it on a GPU machine in one command.
+
 ``--evaluator-rss [ROWS]`` is a separate mode (issue 27, scripts/bench_evaluator.py): the peak RSS of
 ``streameval.Evaluator`` given ROWS x 64 float16 gallery rows (default 2,000,000) in batches of 4096,
 then ``compute()``, against ``evaluate`` of the same store, each in its own process (goal: within 1.2x).
@@ -125,6 +133,7 @@ from bench_against import (REV, prepare_revision, print_revision, report_against
                            transcribe_child)
 from bench_rerank import (CHILD_RUNNERS as RERANK_RUNNERS, RERANK_CHILDREN, RERANK_DTYPE, RERANK_METHODS, RERANK_SIZES,
                           run_rerank_mode, scaled_sizes)
+from bench_device import DEVICE_METHODS, FLOOR_CHILD, device_methods, run_device_floors, run_device_mode
 from bench_suite import SUITE_CHILDREN, SUITE_METHODS, SUITE_SIZE, run_child_method, run_suite_mode
 
 METHODS = ("streameval", "se-fixed", "se-closed", "se-osv", "se-all", "floor", "update", "classic", "process")
@@ -175,6 +184,9 @@ def parse_args(argv=None):
             "  .venv/bin/python scripts/bench.py --rerank                # MSMT17-shaped: vs U x U GEMM and dense\n"
             "  .venv/bin/python scripts/bench.py --rerank --rerank-scale 0.02   # the same at 1/50 of the rows\n"
             "  .venv/bin/python scripts/bench.py --against d00fc36 --size 500x5000x64 --methods se-closed,floor\n"
+            "  .venv/bin/python scripts/bench.py --device cuda --size 3368x19732x2048 --dtype float16\n"
+            "  .venv/bin/python scripts/bench.py --device cuda --size 10000x10000000x256 --dtype float16 --skip-cpu\n"
+            "  .venv/bin/python scripts/bench.py --device torch:cpu --size 200x5000x64   # device code on the CPU\n"
             "\n"
             "Stores are created under --workdir, named after their parameters, and reused when a\n"
             "store with the same parameters is already there (a side file records them)."
@@ -224,6 +236,15 @@ def parse_args(argv=None):
                    help="evaluator mode (issue 27, scripts/bench_evaluator.py): peak RSS of streameval.Evaluator fed "
                         "ROWS x 64 float16 gallery rows (default 2,000,000) in batches of 4096, against evaluating the "
                         "same store, each in its own process")
+    p.add_argument("--device", default=None, metavar="DEV",
+                   help="device mode (issue 28, scripts/bench_device.py): DEV cuda, cuda:N or torch:cpu; methods %s "
+                        "(default: all but device-all, cpu-all): the device path in-process and as a CLI process, the "
+                        "CPU path, the device's GEMM alone and the store read alone, and the numbers of both paths "
+                        "compared" % ",".join(DEVICE_METHODS))
+    p.add_argument("--skip-cpu", action="store_true",
+                   help="--device: leave out the CPU path's runs (cpu-*), e.g. at 10,000 x 10,000,000")
+    p.add_argument("--precision", choices=("float32", "float64"), default=None,
+                   help="--device: the GEMMs' precision, of both paths and the GEMM floor (default: float32)")
     p.add_argument("--rerank-scale", type=float, default=1.0, metavar="S",
                    help="--rerank: the sizes' rows and identities times S (e.g. 0.02 for a quick check; default: 1)")
     p.add_argument("--trials", type=int, default=10,
@@ -256,17 +277,22 @@ def parse_args(argv=None):
     # internal: one method in a child process
     p.add_argument("--_run", choices=[m for m in METHODS if m != "process"] + ["classic-process", "transcribe",
                                                                               *PROTOCOL_CHILDREN, *SUITE_CHILDREN,
-                                                                              *RERANK_CHILDREN],
+                                                                              *RERANK_CHILDREN, FLOOR_CHILD],
                    help=argparse.SUPPRESS)
     p.add_argument("--_store", help=argparse.SUPPRESS)
     p.add_argument("--_out", help=argparse.SUPPRESS)
+    p.add_argument("--_plan", help=argparse.SUPPRESS)  # QB,GC,WORKERS: the floors of --device follow the device's plan
     args = p.parse_args(argv)
     args.dtype = args.dtype or (RERANK_DTYPE if args.rerank else "float32")
     if args._run is None:
         known = (PROTOCOL_METHODS if args.protocols else SUITE_METHODS if args.suite else RERANK_METHODS if args.rerank
-                 else METHODS)
+                 else DEVICE_METHODS if args.device is not None else METHODS)
         if args.rerank:
             check_rerank_args(p, args)
+        if args.device is not None:
+            check_device_args(p, args)
+        elif args.skip_cpu or args.precision:
+            p.error("--skip-cpu and --precision go with --device")
         if args.against is not None:
             if args.protocols or args.suite:
                 p.error("--against compares the default mode's methods: not with --protocols or --suite")
@@ -290,8 +316,11 @@ def parse_args(argv=None):
         if args.scaling:
             args.size = args.size or list(SCALING_SIZES)
             args.methods = args.methods or SCALING_METHODS
-        args.methods = [m.strip() for m in (args.methods or ",".join(known)).split(",") if m.strip()]
-        bad = [m for m in args.methods if m not in known]
+        if args.device is not None:
+            args.methods, bad = device_methods(args.methods, args.skip_cpu)
+        else:
+            args.methods = [m.strip() for m in (args.methods or ",".join(known)).split(",") if m.strip()]
+            bad = [m for m in args.methods if m not in known]
         if bad or not args.methods:
             p.error(f"--methods: unknown {', '.join(bad) or '(empty)'}; choose from {', '.join(known)}")
         try:
@@ -301,7 +330,7 @@ def parse_args(argv=None):
         if args.repeat < 1:
             p.error("--repeat must be at least 1")
         try:
-            one_problem = args.scaling or args.protocols or args.suite or args.rerank
+            one_problem = args.scaling or args.protocols or args.suite or args.rerank or args.device
             args.noises = parse_noises(args.noise or ("easy" if one_problem else "easy,hard"))
         except ValueError as exc:
             p.error(str(exc))
@@ -323,6 +352,20 @@ def check_rerank_args(p, args) -> None:
     if not 0 < args.rerank_scale <= 1:
         p.error("--rerank-scale must be in (0, 1]")
     args.size = args.size or scaled_sizes(args.rerank_scale)
+
+
+def check_device_args(p, args) -> None:
+    """--device's name (as evaluate reads it, but not the CPU path's) and the modes it excludes."""
+    from streameval.core.errors import OptionError
+    from streameval.engine.device import parse_device
+
+    try:
+        if parse_device(args.device) is None:
+            p.error("--device: the CPU path is the default; give cuda, cuda:N or torch:cpu")
+    except OptionError as exc:
+        p.error(f"--device: {exc}")
+    if args.protocols or args.suite or args.scaling or args.rerank or args.against:
+        p.error("--device is a separate mode: not with --protocols, --suite, --scaling, --rerank or --against")
 
 
 def parse_noises(text: str) -> list[float]:
@@ -540,6 +583,7 @@ def run_streameval(args) -> dict:
     import streameval
 
     options = _variant_options(args._run, args._store, args.metric, args.trials)
+    options.update({k: v for k, v in (("device", args.device), ("precision", args.precision)) if v})  # --device mode
     # each variant compiles its own statistics (verification, sgs, dedup, trial masks): warm those
     warm, warm_note = warm_jit(args.metric, options)
 
@@ -562,8 +606,20 @@ def run_streameval(args) -> dict:
                                             rank10=t["rank10"]) for t in res.trials["per_trial"]]
     out["plan"] = {k: res.run[k] for k in ("query_block", "gallery_chunk", "workers")}
     out["phases"] = res.run.get("phases")  # None where a revision predates them
+    out["run_device"] = res.run.get("device")
+    out["numbers_sha256"] = numbers_digest(res)
     out["streameval"] = os.path.dirname(os.path.abspath(streameval.__file__))
     return out
+
+
+def numbers_digest(res) -> str:
+    """A hash of every number of the result, per query too, but not the run's facts (times, device,
+    plan): two results with the same digest gave the same numbers."""
+    import hashlib
+
+    numbers = res.to_dict(per_query=True)
+    numbers.pop("run")
+    return hashlib.sha256(json.dumps(numbers, sort_keys=True, default=repr).encode()).hexdigest()
 
 
 def last_positive_ranks(per_query: dict) -> dict | None:
@@ -1101,7 +1157,7 @@ def child_main(args) -> int:
                "se-cuhk03": run_streameval, "se-sysu": run_streameval,
                "classic-cuhk03": run_classic_protocol, "classic-sysu": run_classic_protocol,
                **{variant: run_streameval for variant in VARIANTS}, **dict.fromkeys(SUITE_CHILDREN, run_child_method),
-               **RERANK_RUNNERS}
+               **RERANK_RUNNERS, FLOOR_CHILD: run_device_floors}
     out = runners[args._run](args)
     out["child_total_s"] = time.perf_counter() - t0
     with open(args._out, "w") as fh:
@@ -1293,15 +1349,17 @@ def warm_page_cache(path: str) -> float:
     return total / 2**20
 
 
-def run_child(args, method: str, store_path: str, python: str = sys.executable, repeat: int | None = None) -> dict:
+def run_child(args, method: str, store_path: str, python: str = sys.executable, repeat: int | None = None,
+              extra: list = ()) -> dict:
     """``method`` timed in a child process of ``python`` (this bench's code, with the streameval
-    that python imports), ``repeat`` runs (default --repeat)."""
+    that python imports), ``repeat`` runs (default --repeat), ``extra`` added to its options."""
     fd, out_path = tempfile.mkstemp(prefix=f"bench-{method}-", suffix=".json", dir=args.workdir)
     os.close(fd)
     cmd = [python, os.path.abspath(__file__), "--_run", method, "--_store", store_path, "--_out", out_path,
            "--metric", args.metric, "--repeat", str(repeat or args.repeat), "--update-frac", str(args.update_frac),
            "--seed", str(args.seed), "--trials", str(args.trials), "--classic-budget", str(args.classic_budget),
-           "--classic-sort-threads", str(args.classic_sort_threads), *(["--suite", args.suite] if args.suite else [])]
+           "--classic-sort-threads", str(args.classic_sort_threads), *(["--suite", args.suite] if args.suite else []),
+           *extra]
     t = time.perf_counter()
     busy0, cpu0 = _cpu_busy_s(), _children_cpu_s()
     try:
@@ -1414,10 +1472,23 @@ def print_header(facts: dict, args) -> None:
     print(f"options : metric={args.metric}, store dtype={args.dtype}, cams={args.cams}, seed={args.seed}, "
           f"repeat={args.repeat} (best of), methods={','.join(args.methods)}, workdir={args.workdir}")
     print(f"problems: each size at {', '.join(noise_label(noise) for noise in args.noises)}")
+    if args.device:
+        print(f"device  : {args.device} (torch {_torch_version()}), precision {args.precision or 'float32'}"
+              + (", CPU path skipped (--skip-cpu)" if args.skip_cpu else ""))
     print("timing  : wall time of the evaluation only (no process start, imports or JIT warm-up), each method in a "
           "fresh child process; peak RSS = the child's VmHWM over the timed run(s), base = its RSS before them; "
           "'process': whole processes, spawn to exit")
     print()
+
+
+def _torch_version() -> str | None:
+    """torch's version as installed, without importing it (the device's children do)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return None
 
 
 def fmt(value, spec: str, missing: str = "-") -> str:
@@ -1770,6 +1841,8 @@ def main(argv=None) -> int:
         "open_query_frac", "chunk_rows", "classic_sort_threads", "workdir", "noises")}, "sizes": []}
     if args.protocols:
         out["options"].update(protocols=True, trials=args.trials, classic_budget=args.classic_budget)
+    if args.device:
+        out["options"].update(device=args.device, precision=args.precision or "float32", skip_cpu=args.skip_cpu)
     rev = prepare_revision(args.against, args.workdir) if args.against else None
     if rev:
         print_revision(rev)
@@ -1798,7 +1871,8 @@ def main(argv=None) -> int:
             json.dump(out, fh, indent=2)
         print(f"results written to {args.json}")
     if mismatch:
-        print(f"error: {HEAD} and {REV} gave different numbers on the same rows (lines marked !!! above)", file=sys.stderr)
+        sides = "the device and the CPU path" if args.device else f"{HEAD} and {REV}"
+        print(f"error: {sides} gave different numbers on the same rows (lines marked !!! above)", file=sys.stderr)
     return 1 if mismatch else 0
 
 
@@ -1810,6 +1884,8 @@ def run_problem(args, size, noise: float, rev) -> dict:
         return run_suite_mode(args, size, path, how)
     if args.rerank:
         return run_rerank_mode(args, size, path, how, rev)
+    if args.device:
+        return run_device_mode(args, size, noise, path, how)
     if args.protocols:
         results = {name: run_child(args, PROTOCOL_METHODS[name], path) for name in args.methods}
         return report_protocols(size, path, how, results, args)

@@ -258,3 +258,63 @@ def test_u_rows_are_queries_then_gallery(tmp_path):
     rows = bench_rerank.u_rows(store)
     for a, b in ((0, 10), (25, 40), (30, 31), (100, 130), (0, 130)):
         np.testing.assert_array_equal(rows(a, b), u[a:b])
+
+
+def test_device_mode_methods():
+    args = bench.parse_args(["--device", "cuda:1", "--size", "10x20x4"])
+    assert args.device == "cuda:1" and args.noises == [1.0]
+    assert args.methods == ["device-closed", "device", "cli-device-closed", "cli-device", "cpu-closed", "cpu",
+                            "gemm-floor", "read-floor"]
+    skip = bench.parse_args(["--device", "torch:cpu", "--skip-cpu", "--methods", "device-all,cpu-all,read-floor"])
+    assert skip.methods == ["device-all", "read-floor"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--device", "gpu0"], "--device: device must be cpu, cuda or cuda:N"),
+    (["--device", "cpu"], "--device: the CPU path is the default"),
+    (["--skip-cpu"], "--skip-cpu and --precision go with --device"),
+    (["--device", "cuda", "--protocols"], "--device is a separate mode"),
+    (["--device", "cuda", "--methods", "floor"], "--methods: unknown floor"),
+])
+def test_device_mode_refuses(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        bench.parse_args(argv)
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_device_numbers_are_checked_against_the_cpu_path(capsys):
+    import bench_device
+
+    def run(digest, mAP=0.5):
+        return {"numbers_sha256": digest, "metrics": metrics(mAP)}
+
+    [check] = bench_device.check_device_numbers({"device-closed": run("a"), "cpu-closed": run("a"), "device": run("b")})
+    assert check["same"] and check["agree"]  # device has no CPU run to compare with
+    assert "device-closed vs cpu-closed SAME" in capsys.readouterr().out
+    checks = bench_device.check_device_numbers({"device-closed": run("a"), "cpu-closed": run("a"),
+                                                "device": run("b", 0.5), "cpu": run("c", 0.75)})
+    assert [c["same"] for c in checks] == [True, False]
+    out, err = capsys.readouterr()
+    assert "device-closed vs cpu-closed SAME, device vs cpu DIFFERENT" in out
+    assert "!!! the device and the CPU path gave DIFFERENT numbers on the same rows, device vs cpu: mAP 0.500000000 vs " \
+           "0.750000000" in err
+
+
+@pytest.mark.slow
+def test_device_mode_runs_torch_cpu_end_to_end(tmp_path):
+    """The device path's code on the CPU (torch:cpu) against the CPU path, and both floors, over the
+    device run's plan: SAME numbers, exit 0."""
+    pytest.importorskip("torch")
+    out = tmp_path / "bench.json"
+    result = run_bench("--device", "torch:cpu", "--size", "60x1500x16", "--dtype", "float16", "--methods",
+                       "device-closed,cpu-closed,gemm-floor,read-floor", "--workdir", str(tmp_path), "--json", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "numbers device vs CPU path (every number of the result, per query too): device-closed vs cpu-closed SAME" \
+           in result.stdout
+    [problem] = json.loads(out.read_text())["sizes"]
+    assert [check["same"] for check in problem["numbers"]] == [True]
+    rows = {row["method"]: row for row in problem["rows"]}
+    assert rows["gemm-floor"]["plan"] == rows["device-closed"]["plan"] == rows["read-floor"]["plan"]
+    assert problem["floor_s"] == max(rows["gemm-floor"]["time_s"], rows["read-floor"]["time_s"]) > 0
+    assert set(rows["gemm-floor"]["detail"]) == {"upload+gemm", "gemm resident", "dots copied back (not in the floor)"}
