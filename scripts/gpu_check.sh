@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The GPU check of issue 28, one command on a GPU machine (no internet needed): install streameval
+# from the wheels brought along (scripts/gpu_wheels.sh made wheelhouse/ beforehand), then run
+# scripts/bench.py --device on the three problems and write their tables:
+#
+#   market    3,368 x 19,732 x 2,048 (float32 store): the device path in-process and as a warm CLI
+#             process, the CPU path, the GEMM and store-read floors, the numbers compared;
+#   exact-2m  10,000 x 2,000,000 x 256 (float16): every statistic (default options + open-set +
+#             verification) on the device and on the CPU path, the numbers compared (SAME);
+#   large-10m 10,000 x 10,000,000 x 256 (float16, CPU path skipped): the device path in-process and
+#             as a CLI process (closed-set), and the floors.
+#
+# Usage: bash scripts/gpu_check.sh [--device DEV] [--tiny]
+#   --device DEV  cuda (default), cuda:N, or torch:cpu (the device path's code on the CPU: to try
+#                 this script on a machine without a GPU)
+#   --tiny        the same steps on tiny problems (seconds; with --device torch:cpu, a dry run)
+# Environment: OUT (where the tables go; default ./gpu-out), PYTHON (default python3: the one that
+#   holds torch), GPU_WHEELHOUSE (default wheelhouse/), GPU_CHECK_WORK (the venv, made afresh, and
+#   the stores, reused by a rerun; default /tmp/streameval-gpu-check).
+# Writes to $OUT: gpu-check.log (everything printed), and per problem NAME.txt (its table) and
+# NAME.json (bench.py --json).  Exit status: 0, or 1 if a device and the CPU path gave different
+# numbers or a step failed (the log says which).
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd -P)"
+device=cuda
+tiny=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --device) device="${2:?--device needs a value}"; shift 2 ;;
+        --tiny) tiny=1; shift ;;
+        *) echo "usage: bash scripts/gpu_check.sh [--device DEV] [--tiny]" >&2; exit 2 ;;
+    esac
+done
+out="${OUT:-$PWD/gpu-out}"
+python="${PYTHON:-python3}"
+wheelhouse="${GPU_WHEELHOUSE:-$root/wheelhouse}"
+work="${GPU_CHECK_WORK:-/tmp/streameval-gpu-check}"
+mkdir -p "$out" "$work" || exit 1
+export PYTHONUNBUFFERED=1
+status=0
+
+source "$root/scripts/_gpu_source.sh"
+say() { printf '[gpu-check +%4ds] %s\n' "$SECONDS" "$*"; }
+fail() { say "FAILED: $*"; status=1; }
+
+if [ "$tiny" = 1 ]; then
+    market=200x5000x64 exact=300x8000x32 large=300x20000x32
+else
+    market=3368x19732x2048 exact=10000x2000000x256 large=10000x10000000x256
+fi
+
+main() {
+    say "streameval GPU check: device $device, problems market $market, exact-2m $exact, large-10m $large; tables in $out"
+    if [[ "$device" == cuda* ]]; then
+        nvidia-smi -L || fail "nvidia-smi -L"
+    fi
+
+    if [ "$(cat "$wheelhouse/SOURCE" 2>/dev/null)" != "$(source_hash)" ]; then
+        fail "$wheelhouse is missing or holds a streameval wheel built from other sources than this checkout's: run scripts/gpu_wheels.sh (--lean where this machine has numpy, scipy, numba) and bring wheelhouse/"
+        return 1
+    fi
+
+    # 1. a venv that sees this python's packages (its torch, numpy, numba...), streameval and what is
+    #    missing installed from the wheelhouse.  A venv made by a python that is itself a venv's sees only
+    #    the base installation's packages, so the .pth file adds this python's own site folders.
+    venv="$work/venv"
+    say "creating $venv from $("$python" -c 'import sys; print(sys.executable, sys.version.split()[0])') ..."
+    rm -rf "$venv"  # made afresh: a venv of an earlier run holds that run's streameval, of the same version
+    if ! "$python" -m venv --system-site-packages "$venv"; then
+        say "no ensurepip for this python (e.g. Debian's python3 without python3-venv): a venv without pip, filled by this python's pip"
+        rm -rf "$venv"
+        "$python" -m venv --system-site-packages --without-pip "$venv" || { fail "python -m venv"; return 1; }
+    fi
+    "$python" -c 'import site, sys; print("\n".join(site.getsitepackages() + [site.getusersitepackages()]))' \
+        > "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/gpu-check-parent.pth"
+    pip=("$venv/bin/python" -m pip)
+    "${pip[@]}" --version >/dev/null 2>&1 || pip=("$python" -m pip --python "$venv/bin/python")
+    say "installing streameval from $wheelhouse (no index) ..."
+    "${pip[@]}" install -q --no-index --find-links "$wheelhouse" --disable-pip-version-check streameval \
+        || { fail "pip install from $wheelhouse: run scripts/gpu_wheels.sh (--lean where this machine has numpy, scipy, numba) and bring wheelhouse/"; return 1; }
+    "$venv/bin/python" -c 'import streameval, torch, numba, numpy; print("streameval", streameval.__version__, "| torch", torch.__version__, "| CUDA", torch.version.cuda, "| numba", numba.__version__, "| numpy", numpy.__version__)' \
+        || { fail "import streameval and torch in $venv"; return 1; }
+    say "installed"
+
+    # 2. the problems, each with its table and JSON; stores kept in $work/stores for a rerun
+    bench() {  # NAME ARGS...: one bench.py run
+        local name="$1"
+        shift
+        say "$name: scripts/bench.py --device $device $* (store generated first if missing) ..."
+        "$venv/bin/python" "$root/scripts/bench.py" --device "$device" --workdir "$work/stores" --json "$out/$name.json" \
+            "$@" | tee "$out/$name.txt"
+        local rc=${PIPESTATUS[0]}
+        [ $rc = 0 ] || fail "$name: bench.py exited with $rc"
+        ! grep -q "FAILED" "$out/$name.txt" || fail "$name: a method failed (its table says which, the log why)"
+        say "$name done"
+    }
+    bench market --size "$market"
+    bench exact-2m --size "$exact" --dtype float16 --methods device-all,cpu-all
+    bench large-10m --size "$large" --dtype float16 --skip-cpu --methods device-closed,device,cli-device-closed,gemm-floor,read-floor
+
+    say "finished with status $status; tables: $(cd "$out" && ls *.txt | tr '\n' ' ')"
+    grep -h "^=== \|^floor\|^goal\|^numbers\|FAILED\|!!!" "$out"/market.txt "$out"/exact-2m.txt "$out"/large-10m.txt 2>/dev/null
+    return $status
+}
+
+main 2>&1 | tee -a "$out/gpu-check.log"
+exit "${PIPESTATUS[0]}"
