@@ -1595,19 +1595,25 @@ def report_size(size, noise, store_path, how, results: dict, args) -> dict:
             "store_status": how, "rows": rows, "agreement": agreement, "update": update, "processes": processes}
 
 
+def run_facts(r: dict) -> list:
+    """A method's chunk plan, time breakdown and phases, as details lines show them."""
+    bits = []
+    if r.get("plan"):
+        bits.append("plan query_block={query_block} gallery_chunk={gallery_chunk} workers={workers}".format(**r["plan"]))
+    if r.get("detail"):
+        bits.append("breakdown " + ", ".join(f"{k} {v:.3f}s" for k, v in r["detail"].items()))
+    if r.get("phases"):
+        bits.append("phases " + ", ".join(f"{k} {v:.3f}s" for k, v in r["phases"].items()))
+    return bits
+
+
 def print_details(results: dict, side: str = "") -> None:
     """A line per in-process method: its warm-up, chunk plan, time breakdown or phases, every run."""
     for method in METHODS:
         r = results.get(method)
         if not r or "error" in r or method in ("update", "process"):
             continue
-        bits = [r["warmup"]]
-        if r.get("plan"):
-            bits.append("plan query_block={query_block} gallery_chunk={gallery_chunk} workers={workers}".format(**r["plan"]))
-        if r.get("detail"):
-            bits.append("breakdown " + ", ".join(f"{k} {v:.3f}s" for k, v in r["detail"].items()))
-        if r.get("phases"):
-            bits.append("phases " + ", ".join(f"{k} {v:.3f}s" for k, v in r["phases"].items()))
+        bits = [r["warmup"], *run_facts(r)]
         if method == "classic":
             bits.append(f"argsort threads {r['sort_threads']}")
         if len(r["times_s"]) > 1:

@@ -320,17 +320,14 @@ def report_goals(size, results: dict, floor: float | None) -> list:
 
 def print_device_details(results: dict, methods: list) -> None:
     """A line per method: its warm-up or command, plan, breakdown or phases, every run."""
+    from bench import run_facts
+
     for method in methods:
         r = results[method]
         if "error" in r:
             continue
         bits = [r["warmup"]] if r.get("warmup") else [" ".join(r["command"])] if r.get("command") else []
-        if r.get("plan"):
-            bits.append("plan query_block={query_block} gallery_chunk={gallery_chunk} workers={workers}".format(**r["plan"]))
-        if r.get("detail"):
-            bits.append("breakdown " + ", ".join(f"{k} {v:.3f}s" for k, v in r["detail"].items()))
-        if r.get("phases"):
-            bits.append("phases " + ", ".join(f"{k} {v:.3f}s" for k, v in r["phases"].items()))
+        bits += run_facts(r)
         if len(r["times_s"]) > 1:
             bits.append("runs " + " ".join(f"{t:.3f}" for t in r["times_s"]))
         if (r.get("others_cores") or 0) >= 0.1:
