@@ -76,9 +76,13 @@ main() {
     pip=("$venv/bin/python" -m pip)
     "${pip[@]}" --version >/dev/null 2>&1 || pip=("$python" -m pip --python "$venv/bin/python")
     say "installing streameval from $wheelhouse (no index) ..."
+    # --force-reinstall --no-deps: the wheelhouse's streameval even where this python has one (which
+    # would otherwise satisfy the requirement), its dependencies as found
     "${pip[@]}" install -q --no-index --find-links "$wheelhouse" --disable-pip-version-check streameval \
+        && "${pip[@]}" install -q --no-index --find-links "$wheelhouse" --disable-pip-version-check --force-reinstall \
+            --no-deps streameval \
         || { fail "pip install from $wheelhouse: run scripts/gpu_wheels.sh (--lean where this machine has numpy, scipy, numba) and bring wheelhouse/"; return 1; }
-    "$venv/bin/python" -c 'import streameval, torch, numba, numpy; print("streameval", streameval.__version__, "| torch", torch.__version__, "| CUDA", torch.version.cuda, "| numba", numba.__version__, "| numpy", numpy.__version__)' \
+    (cd "$work" && "$venv/bin/python" -c 'import streameval, torch, numba, numpy; print("streameval", streameval.__version__, "| torch", torch.__version__, "| CUDA", torch.version.cuda, "| numba", numba.__version__, "| numpy", numpy.__version__, "|", streameval.__file__)') \
         || { fail "import streameval and torch in $venv"; return 1; }
     say "installed"
 
