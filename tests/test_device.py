@@ -17,6 +17,7 @@ import streameval
 from streameval.engine.device import DeviceError, check_strict, parse_device
 from streameval.core.errors import OptionError
 
+from result_checks import comparable
 from test_engine_vs_reference import SETTINGS, check_all_chunkings, chunkings, integer_problems
 
 DEVICE = "torch:cpu"
@@ -70,15 +71,6 @@ def identities(seed: int, nq: int = 40, ng: int = 500, dim: int = 24, ids: int =
                 g_pids=g_pids, g_camids=rng.integers(1, 7, ng))
 
 
-def numbers(result) -> dict:
-    """Everything a result says but how the run went."""
-    out = result.to_dict(per_query=True)
-    out.pop("run")
-    for direction in (out.get("directions") or {}).values():  # regdb: each direction's run too
-        direction.pop("run")
-    return out
-
-
 # every statistic the scoring pass counts: slots (CMC, AP, INP), GOM (minmax: the range pass; fixed),
 # sgs and trials, dedup (mars), open-set, verification (its pilot and refinement passes), ranked
 # lists, and re-ranking's kNN pass and query expansion (GEMMs on the device too)
@@ -105,7 +97,7 @@ def test_every_statistic_on_the_device_gives_the_cpu_paths_numbers(run):
     for chunks in (dict(), dict(query_block=7, gallery_chunk=61)):  # (the kNN pass's settled pairs depend on them)
         cpu = streameval.evaluate(data, **chunks, **options)
         on_device = streameval.evaluate(data, device=DEVICE, **chunks, **options)
-        assert numbers(on_device) == numbers(cpu)
+        assert comparable(on_device) == comparable(cpu)
         assert (cpu.run["device"], on_device.run["device"]) == ("cpu", DEVICE)
 
 
@@ -159,9 +151,9 @@ def test_one_worker_per_gpu_on_a_local_cluster(store):
     distributed = pytest.importorskip("distributed")
     from streameval.engine.device import worker_gpu
 
-    cpu = numbers(streameval.evaluate(store))
+    cpu = comparable(streameval.evaluate(store))
     on_cluster = streameval.evaluate(store, device=DEVICE, cluster="local", n_workers=2, threads_per_worker=1)
-    assert numbers(on_cluster) == cpu and on_cluster.run["device"] == DEVICE
+    assert comparable(on_cluster) == cpu and on_cluster.run["device"] == DEVICE
     with distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=False) as cluster, \
             distributed.Client(cluster) as client:
         picked = {worker.name: client.submit(worker_gpu, 2, workers=[worker.address], pure=False).result()
@@ -182,4 +174,4 @@ def test_an_update_on_the_device_equals_a_full_evaluation(tmp_path):
     updated = streameval.update(path, state, device=DEVICE, gallery_chunk=50)
     assert updated.run["update"]["rows_added"] == 80
     whole = streameval.evaluate(path)
-    assert numbers(updated) == numbers(whole)
+    assert comparable(updated) == comparable(whole)

@@ -15,6 +15,8 @@ import pytest
 import streameval
 from streameval.engine.cluster import ClusterError
 
+from result_checks import comparable
+
 distributed = pytest.importorskip("distributed")
 
 LAUNCHER = textwrap.dedent("""
@@ -90,12 +92,6 @@ def write_problem(path, n_query, n_gallery, dim, seed=0):
         rng.integers(0, 4, n_gallery), chunk_rows=256,
     )
     return str(path)
-
-
-def comparable(result):
-    out = result.to_dict(per_query=True)
-    out.pop("run")
-    return out
 
 
 @pytest.fixture(scope="module")

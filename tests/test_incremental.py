@@ -42,6 +42,7 @@ from cli_checks import one_error_line
 from signal_checks import assert_stopped_in_one_line, ctrl_c_at_pause, paused_script, stopped_run
 from protocol_reference import reference_protocol
 from reference import distance_matrix, reference_evaluate, reference_gom
+from result_checks import comparable
 from test_engine_vs_reference import TOL, assert_matches_reference
 from test_gom_vs_reference import assert_gom_matches
 
@@ -52,12 +53,6 @@ VMAX = 2  # feature values in [-VMAX, VMAX]: many exact ties
 # the queries of camera 2 left out: every protocol field an update can meet
 DEDUP = Protocol(name="dedup-cameras", cmc="identity-dedup", x_any=CameraRelation(pairs=((0, 1),)),
                  query_cameras=(0, 1))
-
-
-def comparable(result) -> dict:
-    out = result.to_dict(per_query=True)
-    out.pop("run")
-    return out
 
 
 def random_rows(rng, n, pids, cams=3, scale=1):

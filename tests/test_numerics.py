@@ -24,6 +24,7 @@ from streameval.engine import kernels
 from streameval.present import report
 
 from reference import distance_matrix, reference_evaluate
+import result_checks
 
 TOL = 1e-12
 PROTOCOL_OPTIONS = dict(protocol="market", junk_pids=(-1,))
@@ -51,8 +52,7 @@ def scaled(problem: dict, scale: float) -> dict:
 def comparable(result, scale: float = 1.0) -> dict:
     """The result without run facts; the minmax range scaled back (euclidean distances scale exactly
     with a power-of-two scale)."""
-    out = result.to_dict(per_query=True)
-    out.pop("run")
+    out = result_checks.comparable(result)
     if out["gom"] is not None and out["gom"]["dmin"] is not None:
         out["gom"]["dmin"] /= scale
         out["gom"]["dmax"] /= scale

@@ -79,25 +79,31 @@ def gemm_device(name: str, dtype: np.dtype):
     return device
 
 
-def open_where_run(client, name: str, dtype: np.dtype) -> None:
+def open_where_run(client, name: str, dtype: np.dtype) -> str:
     """``gemm_device(name, dtype)`` where the GEMMs will run, before any work: in this process, or
     on every worker of ``client``'s cluster (a failure there raised here, naming a worker, rather
-    than logged by each worker at its first task)."""
+    than logged by each worker at its first task).  Returns the devices as the result reports them
+    (``describe``), each once: told by the processes that opened them (the client of a cluster may
+    have no GPU, and with ``cuda`` each worker takes its own)."""
     if client is None:
         gemm_device(name, dtype)
-        return
-    failures = {worker: error for worker, error in client.run(_failure_to_open, name, dtype).items() if error}
+        return describe(name)
+    found = client.run(_opened, name, dtype)
+    failures = {worker: error for worker, (error, _) in found.items() if error}
     if failures:
         worker, error = next(iter(failures.items()))
         raise DeviceError(f"{len(failures)} Dask worker(s) cannot run the GEMMs, e.g. {worker}: {error}")
+    return ", ".join(sorted({described for _, described in found.values()}))
 
 
-def _failure_to_open(name: str, dtype: np.dtype) -> str | None:
+def _opened(name: str, dtype: np.dtype) -> tuple:
+    """On a worker: (None, ``describe(name)``) once the device is open, else (the DeviceError's
+    message, None)."""
     try:
         gemm_device(name, dtype)
     except DeviceError as exc:
-        return str(exc)
-    return None
+        return str(exc), None
+    return None, describe(name)
 
 
 def worker_gpu(count: int) -> int:
@@ -140,10 +146,8 @@ def host_allocator(name: str):
     return lambda size, dtype: torch.empty(size, dtype=getattr(torch, np.dtype(dtype).name), pin_memory=True).numpy()
 
 
-def describe(name: str | None) -> str:
-    """The device as the result reports it: "cpu", or the name with its GPU's model."""
-    if name is None:
-        return "cpu"
+def describe(name: str) -> str:
+    """An opened device as the result reports it: torch:cpu, or cuda:N with its GPU's model."""
     if name == TORCH_CPU:
         return name
     torch = torch_module()

@@ -20,7 +20,6 @@ from ..features.ranked import finalise as ranked
 from ..features.verification import placement, report, spec as verification
 from ..features.rerank import spec as reranking
 from ..core.errors import OptionError
-from ..engine.device import describe
 from ..engine.ranges import normalisations
 from ..core.progress import COMPILING, compile_timer
 from .settings import Settings
@@ -206,7 +205,7 @@ def make_result(store: Store, settings: Settings, state: QueryState, runner, byt
         mINP=values["mINP"], options={"precision": settings.precision, "std_ddof": settings.std_ddof},
         run={
             "query_block": runner.plan.query_block, "gallery_chunk": runner.plan.gallery_chunk,
-            "workers": runner.plan.workers, "scheduler": runner.where, "device": describe(runner.device),
+            "workers": runner.plan.workers, "scheduler": runner.where, "device": runner.devices,
             "bytes_read": bytes_read,
             **metrics.run_timing(dict(runner.phases.seconds), pairs), **run_facts,
         },

@@ -35,10 +35,12 @@ class Runner:
     what numba still compiled meanwhile (``compiled``: also booked as "compiling kernels", the bar
     says "compiling kernels" while it happens)."""
 
-    def __init__(self, client, plan, phases: Phases, bar: Bar | None, meta=None, knn_cache=None, device=None):
+    def __init__(self, client, plan, phases: Phases, bar: Bar | None, meta=None, knn_cache=None, device=None,
+                 devices: str = "cpu"):
         self.client, self.plan, self.phases, self.bar, self.meta = client, plan, phases, bar, meta
         self.knn_cache = knn_cache  # where the kNN pass's lists are kept and reused (--knn-cache), if anywhere
         self.device = device  # where the GEMMs run (``Execution.device``): None, the CPU path
+        self.devices = devices  # those devices as the result reports them (``device.open_where_run``)
         self.where = client.scheduler.address if client else "threads"
         self.running = False
         self.compiled = 0.0
@@ -97,14 +99,14 @@ def session(store: Store, settings: Settings, execution: Execution, phases: Phas
     phase of its own too."""
     with connect(execution.cluster, store) as client:
         client = client or _active_client()
-        if execution.device is not None:
-            open_where_run(client, execution.device, np.dtype(settings.precision))
+        devices = "cpu" if execution.device is None else open_where_run(client, execution.device,
+                                                                        np.dtype(settings.precision))
         workers = execution.workers or (sum(client.nthreads().values()) if client else os.cpu_count() or 1)
         meta = gallery_metadata(store, settings) if meta is None else meta
         shown = execution.progress  # False, True (draw on stderr) or a text stream to draw on
         bar = Bar(Reporter(label, shown if hasattr(shown, "write") else None), workers=workers) if shown else None
         runner = Runner(client, run_plan(store, settings, execution, workers, meta), phases, bar, meta,
-                        execution.knn_cache, execution.device)
+                        execution.knn_cache, execution.device, devices)
         try:
             phases.lap("setup")
             with bar.compiling() if bar is not None else nullcontext():
