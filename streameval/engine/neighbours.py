@@ -9,7 +9,7 @@ an exact duplicate at distance 0 and a lower row number comes first).  ``farthes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numba as nb
 import numpy as np
@@ -48,10 +48,11 @@ def neighbour_pass(sets: tuple, k: int, metric: str, runner, dtype) -> Neighbour
     parts = u_parts(sets)
     k = min(k, parts[-1].offset + len(parts[-1].fs))  # a list of all of U is as long as one gets
     chunks = graph.gallery_chunks(runner.plan, parts)
+    plan = replace(runner.plan, query_block=block_rows(runner.plan, sets[0].dim, np.dtype(dtype).itemsize, k))
     work = 0
     blocks = []
     for part in parts:
-        for a, b in runner.plan.query_ranges(len(part.fs)):
+        for a, b in plan.query_ranges(len(part.fs)):
             rows = delayed(u_rows)(part, a, b, source, dtype)
             chains = [None] * max(1, min(runner.plan.workers, len(chunks)))
             for i, (other, c, e) in enumerate(chunks):
@@ -66,6 +67,17 @@ def neighbour_pass(sets: tuple, k: int, metric: str, runner, dtype) -> Neighbour
     keys = np.concatenate([keys for keys, _, _ in found])
     return Neighbours(keys[:, :, 1].astype(np.int64), np.ascontiguousarray(keys[:, :, 0]),
                       np.concatenate([far for _, far, _ in found]), metric, sum(n for _, _, n in found))
+
+
+def block_rows(plan, dim: int, itemsize: int, k: int) -> int:
+    """U rows per block of the kNN pass: U is read once per block, so the larger the fewer reads.
+    The plan sized a scoring task's dot products for its query block x a chunk, while a kNN task
+    holds those of ``graph.QUERY_SUB_BLOCK`` rows only: the memory that frees on every worker holds
+    more rows of the block instead (each row's features, list, farthest, terms and ids), halved as
+    two blocks can be held at once (the last chains of one, the first of the next)."""
+    freed = plan.workers * max(0, plan.query_block - graph.QUERY_SUB_BLOCK) * plan.gallery_chunk * itemsize
+    row_bytes = dim * itemsize + 16 * k + 48
+    return max(plan.query_block, freed // (2 * row_bytes))
 
 
 def u_parts(sets: tuple) -> tuple:

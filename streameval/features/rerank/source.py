@@ -44,16 +44,20 @@ class RerankedSource:
         return self.base.prepare(fs, rows, features)
 
     def block(self, part, start: int, stop: int, queries, chunk, rows: slice) -> np.ndarray:
+        """The final values, into this thread's scratch buffer (valid until the next block)."""
         qf = queries.features[rows]
         dots = np.matmul(qf, chunk.features.T, out=scratch.buffer("rerank dots", np.float64, (qf.shape[0], stop - start)))
         d = scratch.buffer("rerank distances", np.float64, dots.shape)
         fill_distances(dots, queries.terms[rows], chunk.terms, self.base.metric, d)
         u0 = self.u_row(part, start)
-        same = np.nonzero((queries.pids[rows][:, None] == chunk.pids[None, :]) | self.twins[u0:u0 + d.shape[1]])
+        same = canonical_pairs(queries.pids[rows], chunk.pids, self.twins[u0:u0 + d.shape[1]])
         if same[0].size:
             d[same] = kernels.pair_distances(qf, chunk.features, same[0], same[1], queries.terms[rows], chunk.terms,
                                              self.base.metric)
-        return self.final(queries.index[rows], u0, d)
+        query_rows, j = queries.index[rows], self.jaccard
+        scale, power, row_max = self.original_terms(query_rows)
+        return final_block(d, scale, power, row_max, query_rows, u0, j.indptr, j.cols, j.values, self.lam,
+                           scratch.buffer("rerank final", np.float64, d.shape))
 
     def exact(self, qf: np.ndarray, values: np.ndarray) -> np.ndarray:
         return values
@@ -62,9 +66,9 @@ class RerankedSource:
         features = read_rows(part.fs, slice(start, stop), np.float64)[0]
         terms = self.prepare(part.fs, slice(start, stop), features)[0]
         d = kernels.pair_distances(queries.features, features, qrows, grows, queries.terms, terms, self.base.metric)
-        query_rows = queries.index[qrows]
-        j = self.jaccard
-        return final_pairs(self.original(query_rows, d), query_rows, grows + self.u_row(part, start), j.indptr, j.cols,
+        query_rows, j = queries.index[qrows], self.jaccard
+        scale, power, row_max = self.original_terms(query_rows)
+        return final_pairs(d, scale, power, row_max, query_rows, grows + self.u_row(part, start), j.indptr, j.cols,
                            j.values, self.lam)
 
     def u_row(self, part, start: int) -> int:
@@ -73,18 +77,12 @@ class RerankedSource:
         row = part.offset + start
         return row + self.n_queries if row < self.gallery_rows else row - self.gallery_rows
 
-    def original(self, query_rows: np.ndarray, d: np.ndarray) -> np.ndarray:
-        """A: the flavour's B over the query's row maximum, or the base distance d itself."""
+    def original_terms(self, query_rows: np.ndarray) -> tuple:
+        """(scale, power, row maxima) of the queries' A = scale * max(d, 0)^power / row maximum
+        (``original_value``): the flavour's B over the row maximum, or d itself."""
         if not self.flavour.normalised:
-            return np.maximum(d, 0.0)  # as the kNN pass counts a cosine distance rounded below 0
-        row_max = self.row_max[query_rows]
-        return self.flavour.b(d, self.run_metric) / (row_max[:, None] if d.ndim == 2 else row_max)
-
-    def final(self, query_rows: np.ndarray, u0: int, d: np.ndarray) -> np.ndarray:
-        """The final values of queries ``query_rows`` and the U rows u0, u0 + 1, ... from their base
-        distances ``d``."""
-        j = self.jaccard
-        return final_block(self.original(query_rows, d), query_rows, u0, j.indptr, j.cols, j.values, self.lam)
+            return 1.0, 1, np.ones(query_rows.shape[0])
+        return self.flavour.scale(self.run_metric), self.flavour.power, self.row_max[query_rows]
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -92,32 +90,59 @@ def combine(jaccard, original, lam):
     return (1.0 - lam) * jaccard + lam * original
 
 
+@nb.njit(nogil=True, cache=True, inline="always")
+def original_value(d, scale, power, row_max):
+    """The flavours' A = scale * max(d, 0)^power / row maximum, power 1 or 2, in the operations and
+    order of ``Flavour.b`` (numpy's square is one rounded product): the same bits in a block or a pair."""
+    t = max(d, 0.0)
+    return scale * (t if power == 1 else t * t) / row_max
+
+
 @nb.njit(nogil=True, cache=True)
-def final_block(original, query_rows, u0, indptr, cols, values, lam):
-    """final[i, j] for query query_rows[i] and U row u0 + j: J = 1 but for the query's candidates."""
-    out = np.empty_like(original)
+def final_block(d, scale, power, row_max, query_rows, u0, indptr, cols, values, lam, out):
+    """final[i, j] for query query_rows[i] and U row u0 + j from base distances d, into ``out``:
+    J = 1 but for the query's candidates."""
     for i in range(out.shape[0]):
         for j in range(out.shape[1]):
-            out[i, j] = combine(1.0, original[i, j], lam)
+            out[i, j] = combine(1.0, original_value(d[i, j], scale, power, row_max[i]), lam)
         lo = indptr[query_rows[i]]
         hi = indptr[query_rows[i] + 1]
         m = lo + np.searchsorted(cols[lo:hi], u0)
         while m < hi and cols[m] < u0 + out.shape[1]:
-            out[i, cols[m] - u0] = combine(values[m], original[i, cols[m] - u0], lam)
+            out[i, cols[m] - u0] = combine(values[m], original_value(d[i, cols[m] - u0], scale, power, row_max[i]), lam)
             m += 1
     return out
 
 
 @nb.njit(nogil=True, cache=True)
-def final_pairs(original, query_rows, u_rows, indptr, cols, values, lam):
+def canonical_pairs(query_pids, gallery_pids, twins):
+    """(rows, columns) of a block's pairs scored by their canonical distance: one identity, or a
+    gallery row with a twin; counted first, then listed (branch-free)."""
+    n = 0
+    for i in range(query_pids.shape[0]):
+        for j in range(gallery_pids.shape[0]):
+            n += (query_pids[i] == gallery_pids[j]) | twins[j]
+    rows = np.empty(n + 1, dtype=np.int64)  # the listing writes one past the last pair
+    columns = np.empty(n + 1, dtype=np.int64)
+    n = 0
+    for i in range(query_pids.shape[0]):
+        for j in range(gallery_pids.shape[0]):
+            rows[n] = i
+            columns[n] = j
+            n += (query_pids[i] == gallery_pids[j]) | twins[j]
+    return rows[:n], columns[:n]
+
+
+@nb.njit(nogil=True, cache=True)
+def final_pairs(d, scale, power, row_max, query_rows, u_rows, indptr, cols, values, lam):
     """final of the pairs (query_rows[m], u_rows[m])."""
-    out = np.empty_like(original)
+    out = np.empty_like(d)
     for m in range(out.shape[0]):
         lo = indptr[query_rows[m]]
         hi = indptr[query_rows[m] + 1]
         at = lo + np.searchsorted(cols[lo:hi], u_rows[m])
         jaccard = values[at] if at < hi and cols[at] == u_rows[m] else 1.0
-        out[m] = combine(jaccard, original[m], lam)
+        out[m] = combine(jaccard, original_value(d[m], scale, power, row_max[m]), lam)
     return out
 
 
