@@ -123,17 +123,20 @@ def nearest_update(dots, qf, gf, qa, ga, qn, gn, q_index, g_index, metric, c_dot
     """Add a block's rows to each query row's list ``keys[i]`` (k smallest (distance, U row)) and
     exact farthest distance ``far[i]``; returns the pairs whose canonical distance was computed.
 
-    Per row, three rounds, each on the rows the last one left open (``dist``, ``candidates``:
-    scratch), a row's window (``kernels.distance_window``) computed only near the limits:
+    Per row, rounds on the rows the last one left open (``dist``, ``candidates``: scratch):
 
-    1. the fast distances: the k-th smallest upper bound U over the list and the block (a max-heap),
-       the largest lower bound F (with the farthest so far); rows whose lower bound is at most U (they
-       may enter the list) or whose upper bound reaches F (they may be the farthest) stay open.  For
-       cosine and squared euclidean distances a pair's window does not depend on its distance, so the
-       row's widest window (at the block's largest norm) bounds them all;
-    2. their float64 dot products in any order (``kernels.refined_dots``, windows ~1e-13): U and F
+    1. the fast distances, screened against the list as it stands: a row may enter it only if its
+       lower bound is below the list's last distance, and be the farthest only if its upper bound
+       reaches the farthest so far (on a row's first block, the block's largest fast distance less a
+       window).  For cosine and squared euclidean distances a pair's window does not depend on its
+       distance, so the row's widest window (at the block's largest norm), doubled against rounding,
+       bounds them all: a branch-free pass that keeps the few rows near either limit;
+    2. over those, with each pair's own window (``kernels.distance_window``): the k-th smallest
+       upper bound U over the list and them (a max-heap), the largest lower bound F; rows whose
+       lower bound is at most U or whose upper bound reaches F stay open;
+    3. their float64 dot products in any order (``kernels.refined_dots``, windows ~1e-13): U and F
        again over them;
-    3. the canonical distance of those still open, into the list and the farthest.
+    4. the canonical distance of those still open, into the list and the farthest.
 
     A row's distance to itself is 0, and a distance rounded below 0 (cosine) counts as 0."""
     settled = 0
@@ -141,35 +144,38 @@ def nearest_update(dots, qf, gf, qa, ga, qn, gn, q_index, g_index, metric, c_dot
     gn_max = gn.max() if gn.shape[0] else 0.0
     for i in range(dots.shape[0]):
         widest = kernels.distance_window(0.0, qn[i], gn_max, metric, c_dot)
+        fast_distances(dots[i], qa[i], ga, metric, dist)
+        lowest = far[i]
+        if lowest == -np.inf and dist.shape[0]:  # the row's first block
+            lowest = dist.max() - widest
+        n = screen(dist, keys[i, k - 1, 0] + 2.0 * widest, lowest - 2.0 * widest, candidates)
         for m in range(k):  # the list's distances, descending: a max-heap
             bounds[m] = keys[i, k - 1 - m, 0]
-        fast_distances(dots[i], qa[i], ga, metric, dist)
-        largest = dist.max() if dist.shape[0] else -np.inf
-        for j in range(dots.shape[1]):
-            if dist[j] < bounds[0]:  # else its upper bound cannot lower the root
-                kernels.push_bound(bounds, dist[j] + kernels.distance_window(dist[j], qn[i], gn[j], metric, c_dot))
+        for c in range(n):
+            d = dist[candidates[c]]
+            if d < bounds[0]:  # else its upper bound cannot lower the root
+                kernels.push_bound(bounds, d + kernels.distance_window(d, qn[i], gn[candidates[c]], metric, c_dot))
+            lowest = max(lowest, d - widest)
         cut = bounds[0]
-        lowest = max(far[i], largest - widest)
-        n = 0
-        for j in range(dots.shape[1]):
-            d = dist[j]
-            if (d - widest <= cut) | (d + widest >= lowest):
-                w = kernels.distance_window(d, qn[i], gn[j], metric, c_dot)
-                if (d - w <= cut) | (d + w >= lowest):
-                    candidates[n] = j
-                    n += 1
-        refined = kernels.refined_dots(qf, gf, np.full(n, i), candidates[:n])
+        open_rows = 0
+        for c in range(n):
+            j = candidates[c]
+            w = kernels.distance_window(dist[j], qn[i], gn[j], metric, c_dot)
+            if (dist[j] - w <= cut) | (dist[j] + w >= lowest):
+                candidates[open_rows] = j
+                open_rows += 1
+        refined = kernels.refined_dots(qf, gf, np.full(open_rows, i), candidates[:open_rows])
         for m in range(k):
             bounds[m] = keys[i, k - 1 - m, 0]
         lowest = far[i]
-        for c in range(n):
+        for c in range(open_rows):
             j = candidates[c]
             refined[c] = kernels.pair_distance(refined[c], qa[i], ga[j], metric)
             w = kernels.distance_window(refined[c], qn[i], gn[j], metric, c_refine)
             kernels.push_bound(bounds, refined[c] + w)
             lowest = max(lowest, refined[c] - w)
         cut = bounds[0]
-        for c in range(n):
+        for c in range(open_rows):
             j = candidates[c]
             w = kernels.distance_window(refined[c], qn[i], gn[j], metric, c_refine)
             if (refined[c] - w <= cut) | (refined[c] + w >= lowest):
@@ -180,6 +186,17 @@ def nearest_update(dots, qf, gf, qa, ga, qn, gn, q_index, g_index, metric, c_dot
                 kernels.insert_key(keys[i], exact, np.float64(g_index[j]))
                 far[i] = max(far[i], exact)
     return settled
+
+
+@nb.njit(nogil=True, cache=True)
+def screen(dist, below, above, candidates):
+    """The rows whose fast distance is at most ``below`` or at least ``above``, into
+    ``candidates``; returns how many (branch-free: each row written, the count advanced by the test)."""
+    n = 0
+    for j in range(dist.shape[0]):
+        candidates[n] = j
+        n += (dist[j] <= below) | (dist[j] >= above)
+    return n
 
 
 @nb.njit(nogil=True, cache=True)
