@@ -9,7 +9,7 @@ import zarr
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from streameval.core.progress import Phases
-from streameval.engine.neighbours import neighbour_pass, pair_distances, read_u_rows
+from streameval.engine.neighbours import block_rows, neighbour_pass, pair_distances, read_u_rows, screen
 from streameval.engine.plan import Plan
 from streameval.run.session import Runner
 from streameval.store import write_store
@@ -80,3 +80,36 @@ def test_pair_distances_over_u_are_the_canonical_ones(metric):
     got = pair_distances((store.query, store.gallery), metric, np.float32, first, second, runner)
     np.testing.assert_array_equal(got, dense_distances(u, metric)[first, second])
     np.testing.assert_array_equal(read_u_rows((store.query, store.gallery), second, np.float32), u[second])
+
+
+def test_blocks_take_the_memory_the_plan_gave_a_scoring_tasks_dot_products():
+    """A kNN task holds a sub-block of dot products, not the scoring task's block x chunk: the rest
+    holds more rows of U per block (fewer reads of U); small query blocks stay as planned."""
+    # 2 workers x (2,000 - 512) rows x 100 x 4 B freed, over 2 blocks of 160 B rows (32 features, 80 list, 48 rest)
+    assert block_rows(Plan(2000, 100, 2), 8, 4, 5) == 3720
+    assert block_rows(Plan(600, 10, 2), 8, 4, 5) == 600
+    assert block_rows(Plan(300, 5000, 4), 8, 4, 5) == 300
+
+
+def test_grown_blocks_give_the_exact_lists():
+    """Blocks larger than the plan's query block (above: 977 rows against 600) list the same."""
+    store, u = problem(7, 30, 1500, 4)
+    plan = Plan(600, 400, 2)
+    assert block_rows(plan, 4, 4, 5) > 600
+    found = neighbour_pass((store.query, store.gallery), 5, "sqeuclidean", Runner(None, plan, Phases(), None),
+                           np.float32)
+    d = dense_distances(u, "sqeuclidean")
+    rows = np.arange(u.shape[0])
+    expected = np.stack([np.lexsort((rows, d[i]))[:5] for i in rows])
+    np.testing.assert_array_equal(found.index, expected)
+    np.testing.assert_array_equal(found.farthest, d.max(1))
+
+
+@settings(max_examples=30, deadline=None)
+@given(values=st.lists(st.sampled_from([-np.inf, -1.0, 0.0, 0.5, 1.0, 2.0, np.inf]), max_size=40),
+       below=st.sampled_from([-1.0, 0.0, 0.5, np.inf]), above=st.sampled_from([-np.inf, 0.5, 1.0, 2.0]))
+def test_the_screen_keeps_exactly_the_rows_near_either_limit(values, below, above):
+    dist = np.array(values, dtype=np.float64)
+    candidates = np.empty(dist.shape[0], dtype=np.int64)
+    n = screen(dist, below, above, candidates)
+    np.testing.assert_array_equal(candidates[:n], np.flatnonzero((dist <= below) | (dist >= above)))

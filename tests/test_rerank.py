@@ -368,3 +368,18 @@ def test_every_feature_reads_the_reranked_distances_as_a_distance_store_would():
     assert reranked.open_set["points"] == stored.open_set["points"]
     assert reranked.verification["points"] == stored.verification["points"]
     assert reranked.verification["auc"] == pytest.approx(stored.verification["auc"], abs=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(query_pids=st.lists(st.integers(0, 3), max_size=6), gallery=st.lists(st.tuples(st.integers(0, 3), st.booleans()),
+                                                                              max_size=8))
+def test_the_canonical_pairs_of_a_block_are_those_of_one_identity_or_a_twin(query_pids, gallery):
+    from streameval.features.rerank.source import canonical_pairs
+
+    q = np.array(query_pids, dtype=np.int64)
+    g = np.array([pid for pid, _ in gallery], dtype=np.int64)
+    twins = np.array([twin for _, twin in gallery], dtype=bool)
+    rows, columns = canonical_pairs(q, g, twins)
+    expected = np.nonzero((q[:, None] == g[None, :]) | twins[None, :])
+    np.testing.assert_array_equal(rows, expected[0])
+    np.testing.assert_array_equal(columns, expected[1])
