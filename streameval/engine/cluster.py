@@ -20,6 +20,11 @@ from ..core.errors import OptionError, StreamevalError
 from ..core.extras import require_extra
 
 PIN_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+# The worker processes of a local cluster log only what is critical: they share the user's stderr, and
+# Dask's own logs of a run's end (a heartbeat racing the scheduler's close, under load) are tracebacks;
+# streameval reports a cluster's failures itself, in one line.  Set before each process starts (its
+# logging is configured as it imports distributed), keeping Dask's other pre-spawn variables.
+QUIET_WORKERS = {"distributed.nanny.pre-spawn-environ.DASK_LOGGING__DISTRIBUTED": "critical"}
 CONNECT_TIMEOUT_S = 15
 # What a LocalCluster worker process holds once it has loaded streameval's engine and read a row of
 # the store (preflight): measured 134 MiB (64 MiB when started), rounded up.
@@ -99,9 +104,13 @@ def connect(options: ClusterOptions, store=None):
             if options.cluster != "local":
                 raise ClusterError(f"--cluster supports 'local', got {options.cluster!r}")
             _check_local_workers(options)
-            cluster = distributed.LocalCluster(n_workers=options.n_workers, processes=True, env=PIN_ENV,
-                                               threads_per_worker=options.threads_per_worker,
-                                               memory_limit=options.memory_limit or "auto", dashboard_address=None)
+            import dask
+
+            with dask.config.set(QUIET_WORKERS):
+                cluster = distributed.LocalCluster(n_workers=options.n_workers, processes=True, env=PIN_ENV,
+                                                   threads_per_worker=options.threads_per_worker,
+                                                   memory_limit=options.memory_limit or "auto",
+                                                   dashboard_address=None)
             client = distributed.Client(cluster)
         else:
             client = _client_for(distributed, options)
