@@ -85,17 +85,19 @@ def test_pair_distances_over_u_are_the_canonical_ones(metric):
 def test_blocks_take_the_memory_the_plan_gave_a_scoring_tasks_dot_products():
     """A kNN task holds a sub-block of dot products, not the scoring task's block x chunk: the rest
     holds more rows of U per block (fewer reads of U); small query blocks stay as planned."""
-    # 2 workers x (2,000 - 512) rows x 100 x 4 B freed, over 2 blocks of 160 B rows (32 features, 80 list, 48 rest)
-    assert block_rows(Plan(2000, 100, 2), 8, 4, 5) == 3720
+    # 2 workers x (2,000 - 512) rows x 1,000 x 4 B freed, over 2 blocks of 424 B rows (32 features,
+    # 40 terms, norms, index and ids, 2 chains x 2 copies x (80 list + 8 farthest))
+    assert block_rows(Plan(2000, 1000, 2), 8, 4, 5) == 11_904_000 // 848
+    assert block_rows(Plan(2000, 100, 2), 8, 4, 5) == 2000
     assert block_rows(Plan(600, 10, 2), 8, 4, 5) == 600
     assert block_rows(Plan(300, 5000, 4), 8, 4, 5) == 300
 
 
 def test_grown_blocks_give_the_exact_lists():
-    """Blocks larger than the plan's query block (above: 977 rows against 600) list the same."""
+    """Blocks larger than the plan's query block (1,294 rows against 600) list the same."""
     store, u = problem(7, 30, 1500, 4)
-    plan = Plan(600, 400, 2)
-    assert block_rows(plan, 4, 4, 5) > 600
+    plan = Plan(600, 1500, 2)
+    assert block_rows(plan, 4, 4, 5) == 1294
     found = neighbour_pass((store.query, store.gallery), 5, "sqeuclidean", Runner(None, plan, Phases(), None),
                            np.float32)
     d = dense_distances(u, "sqeuclidean")

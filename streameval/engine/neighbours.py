@@ -73,10 +73,11 @@ def block_rows(plan, dim: int, itemsize: int, k: int) -> int:
     """U rows per block of the kNN pass: U is read once per block, so the larger the fewer reads.
     The plan sized a scoring task's dot products for its query block x a chunk, while a kNN task
     holds those of ``graph.QUERY_SUB_BLOCK`` rows only: the memory that frees on every worker holds
-    more rows of the block instead (each row's features, list, farthest, terms and ids), halved as
-    two blocks can be held at once (the last chains of one, the first of the next)."""
+    more rows of the block instead, halved as two blocks can be held at once (the last chains of
+    one, the first of the next).  A row costs its features, terms, norms, index and ids once, and
+    its list and farthest distance twice per chain (``nearest_in_chunk`` copies its predecessor's)."""
     freed = plan.workers * max(0, plan.query_block - graph.QUERY_SUB_BLOCK) * plan.gallery_chunk * itemsize
-    row_bytes = dim * itemsize + 16 * k + 48
+    row_bytes = dim * itemsize + 40 + 2 * plan.workers * (16 * k + 8)
     return max(plan.query_block, freed // (2 * row_bytes))
 
 
