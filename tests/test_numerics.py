@@ -247,3 +247,41 @@ def test_row_terms_are_sums_in_coordinate_order(n_rows, metric):
             acc += v * v
         want.append(math.sqrt(acc) if metric == kernels.COSINE else acc)
     assert kernels.row_terms(x, metric).tolist() == want
+
+
+def _range_block(seed: int, metric: int):
+    """A GEMM block of float32 features with near-ties at both ends: rows repeated (distance 0, the
+    same extreme several times), some scaled copies (cosine 0, euclidean apart) and one nudged by
+    an ulp-sized step; with each row's terms and norms as ``FeatureSource.prepare`` makes them."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((37, 19)).astype(np.float32)
+    g = np.concatenate([rng.standard_normal((50, 19)), q[:5], -q[5:8], 2 * q[8:10]]).astype(np.float32)
+    g[3] = np.nextafter(g[50], np.float32(np.inf))
+    terms = [kernels.row_terms(x, metric) for x in (q, g)]
+    norms = [t if metric == kernels.COSINE else np.sqrt(t) for t in terms]
+    return q, g, terms, norms
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("metric", [kernels.SQEUCLIDEAN, kernels.EUCLIDEAN, kernels.COSINE])
+def test_distance_range_is_the_canonical_min_and_max_of_every_pair(seed, metric):
+    """``kernels.distance_range`` ranks pairs by keys (cosine without a division per pair, euclidean
+    squared) and settles the extremes canonically: the same min and max, bit for bit, as the
+    canonical distance of every pair of the block."""
+    q, g, (qa, ga), (qn, gn) = _range_block(seed, metric)
+    dots = q @ g.T
+    rows, cols = (a.ravel() for a in np.indices(dots.shape))
+    every = kernels.pair_distances(q, g, rows, cols, qa, ga, metric)
+    got = kernels.distance_range(dots, q, g, qa, ga, qn, gn, metric, kernels.dot_error_bound(19, np.float32))
+    assert got == (every.min(), every.max())
+
+
+def test_the_cosine_range_key_is_within_its_bound_of_the_fast_distance():
+    """1 - dot (1 / ga) (1 / qa) against 1 - dot / (qa ga), for quotients up to the largest a
+    float32 GEMM can give (|dot| up to (1 + c_dot) qa ga) and norms over many binades."""
+    rng = np.random.default_rng(11)
+    qa, ga = (np.exp2(rng.uniform(-30, 30, 200_000)) for _ in range(2))
+    dots = rng.uniform(-1.0001, 1.0001, qa.shape[0]) * (qa * ga)
+    fast = 1.0 - dots / (qa * ga)
+    key = 1.0 - dots * (1.0 / ga) * (1.0 / qa)
+    assert np.abs(key - fast).max() <= kernels.COSINE_KEY_ERROR

@@ -422,14 +422,20 @@ def _extremes(x):
     return values[0], values[1]
 
 
+# |cosine range key - fast distance| (``_range_keys``): a quotient of magnitude at most ~1 rounded four
+# times instead of twice, and 1 minus it rounded in both: ~10 units in the last place of 1 at most.
+COSINE_KEY_ERROR = 16.0 * U64
+
+
 @_jit
 def distance_range(dots, qf, gf, qa, ga, qn, gn, metric, c_dot):
     """Canonical (min, max) distance over a block of GEMM dot products ``dots``: the first GOM pass
     of ``minmax`` normalisation.
 
-    The extremes are found on fast distances (a row at a time, in a buffer that stays in cache),
-    then settled canonically among the pairs within two windows of them (``reach``: no pair's window
-    is wider), visiting only rows that reach them.
+    The extremes are found on keys (``_range_keys``, a row at a time, in a buffer that stays in
+    cache) within ``slack`` of the fast distances, then settled canonically among the pairs within
+    two windows and slacks of them (``reach``: no pair's window is wider), visiting only rows that
+    reach them.
     """
     nq, ng = dots.shape
     if nq == 0 or ng == 0:
@@ -437,13 +443,17 @@ def distance_range(dots, qf, gf, qa, ga, qn, gn, metric, c_dot):
     row = np.empty(ng)
     row_low = np.empty(nq)
     row_high = np.empty(nq)
+    inv_ga = 1.0 / ga
     for i in range(nq):
-        row_distances(dots, i, qa[i], ga, metric, row)
+        _range_keys(dots, i, qa[i], ga, inv_ga, metric, metric == EUCLIDEAN, row)
         row_low[i], row_high[i] = _extremes(row)
+    if metric == EUCLIDEAN:  # the root of the extreme squares: the extreme distances (the root is monotone)
+        row_low, row_high = np.sqrt(row_low), np.sqrt(row_high)
+    slack = COSINE_KEY_ERROR if metric == COSINE else 0.0
     gn_max = gn.max()
     reach = 0.0
     for i in range(nq):
-        reach = max(reach, distance_window(0.0, qn[i], gn_max, metric, c_dot))
+        reach = max(reach, distance_window(0.0, qn[i], gn_max, metric, c_dot) + slack)
     fast_low = row_low.min() + 2.0 * reach
     fast_high = row_high.max() - 2.0 * reach
     low = np.inf
@@ -451,13 +461,27 @@ def distance_range(dots, qf, gf, qa, ga, qn, gn, metric, c_dot):
     for i in range(nq):
         if (row_low[i] > fast_low) & (row_high[i] < fast_high):
             continue
-        row_distances(dots, i, qa[i], ga, metric, row)
+        _range_keys(dots, i, qa[i], ga, inv_ga, metric, False, row)
         for j in range(ng):
             if (row[j] <= fast_low) | (row[j] >= fast_high):
                 exact = canonical_distance(qf, gf, i, j, qa[i], ga[j], metric)
                 low = min(low, exact)
                 high = max(high, exact)
     return low, high
+
+
+@_inline
+def _range_keys(dots, i, qa, ga, inv_ga, metric, squared, out):
+    """out[j]: the key ``distance_range`` ranks pair (i, j) by: its fast distance, but for cosine
+    1 - dot (1 / ga) (1 / qa) (two products where the fast distance divides, within
+    ``COSINE_KEY_ERROR`` of it) and with ``squared`` the squared euclidean distance (a root per
+    pair saved: the extremes' roots are the extremes)."""
+    if metric == COSINE:
+        inv_qa = 1.0 / qa
+        for j in range(out.shape[0]):
+            out[j] = 1.0 - np.float64(dots[i, j]) * inv_ga[j] * inv_qa
+    else:
+        row_distances(dots, i, qa, ga, SQEUCLIDEAN if squared else metric, out)
 
 
 @_inline

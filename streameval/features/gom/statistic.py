@@ -24,17 +24,21 @@ _inline = nb.njit(nogil=True, cache=True, inline="always")
 
 
 @_inline
-def _row_bins(blk, i, c_bins, norm_mode, lo, span, n_bins, sides, dist, bins):
+def _row_bins(blk, i, c_bins, norm_mode, lo, span, n_bins, sides, dist, bins, open_rows):
     """bins[j]: the threshold that first returns row j of query i; ``dist`` (row i's distances,
-    a copy) gets the canonical distance where that decided the bin."""
+    a copy) gets the canonical distance where that decided the bin.  The bins of both ends of each
+    window in a loop that vectorises, flagging into ``open_rows`` the rows whose window straddles a
+    threshold (or LO / HI); then the canonical distance of the flagged ones."""
     for j in range(dist.shape[0]):
         w = distance_window(dist[j], blk.qn[i], blk.gn[j], blk.metric, c_bins)
         k = threshold_bin(normalise(dist[j] - w, norm_mode, lo, span), n_bins)
-        if (k != threshold_bin(normalise(dist[j] + w, norm_mode, lo, span), n_bins)) | (
-                sides and clip_side(dist[j] - w, lo, span) != clip_side(dist[j] + w, lo, span)):
-            dist[j] = canonical_distance(blk.qf, blk.gf, i, j, blk.qa[i], blk.ga[j], blk.metric)
-            k = threshold_bin(normalise(dist[j], norm_mode, lo, span), n_bins)
+        straddles = k != threshold_bin(normalise(dist[j] + w, norm_mode, lo, span), n_bins)
+        clipped = sides & (clip_side(dist[j] - w, lo, span) != clip_side(dist[j] + w, lo, span))
+        open_rows[j] = straddles | clipped
         bins[j] = k
+    for j in open_rows.nonzero()[0]:
+        dist[j] = canonical_distance(blk.qf, blk.gf, i, j, blk.qa[i], blk.ga[j], blk.metric)
+        bins[j] = threshold_bin(normalise(dist[j], norm_mode, lo, span), n_bins)
 
 
 @_inline
@@ -91,17 +95,19 @@ def update_hist(blk, c_bins, norm_mode, lo, span, n_bins, t_first, t_stop, hist,
     n_rows, n_cols = blk.dots.shape
     dist = np.empty(n_cols, dtype=np.float64)
     bins = np.empty(n_cols, dtype=np.int64)
+    open_rows = np.empty(n_cols, dtype=np.bool_)
+    windowless = (c_bins == 0.0) | (blk.metric == kernels.PRECOMPUTED)  # stored and re-ranked values are exact
     kept = np.empty(n_cols, dtype=np.uint64)
     lanes = np.zeros((LANES, hist.shape[2]), dtype=np.int64)
     sides = clipped.shape[0] > 0
     gn_max = widest(blk)  # once a block: a row loop taking it scanned the chunk per query
     for i in range(n_rows):
         row_distances(blk, i, dist)
-        if c_bins == 0.0:
+        if windowless:
             for j in range(n_cols):
                 bins[j] = threshold_bin(normalise(dist[j], norm_mode, lo, span), n_bins)
         else:
-            _row_bins(blk, i, c_bins, norm_mode, lo, span, n_bins, sides, dist, bins)
+            _row_bins(blk, i, c_bins, norm_mode, lo, span, n_bins, sides, dist, bins, open_rows)
         kept_bits(blk, i, kept)
         for t in range(t_first, t_stop):
             _count_lanes(bins, kept, t, lanes)

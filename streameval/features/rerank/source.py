@@ -103,13 +103,14 @@ def final_block(d, scale, power, row_max, query_rows, u0, indptr, cols, values, 
     """final[i, j] for query query_rows[i] and U row u0 + j from base distances d, into ``out``:
     J = 1 but for the query's candidates."""
     for i in range(out.shape[0]):
+        most = row_max[i]  # a local: read through ``row_max`` (which ``out`` might alias) the loop ran scalar
         for j in range(out.shape[1]):
-            out[i, j] = combine(1.0, original_value(d[i, j], scale, power, row_max[i]), lam)
+            out[i, j] = combine(1.0, original_value(d[i, j], scale, power, most), lam)
         lo = indptr[query_rows[i]]
         hi = indptr[query_rows[i] + 1]
         m = lo + np.searchsorted(cols[lo:hi], u0)
         while m < hi and cols[m] < u0 + out.shape[1]:
-            out[i, cols[m] - u0] = combine(values[m], original_value(d[i, cols[m] - u0], scale, power, row_max[i]), lam)
+            out[i, cols[m] - u0] = combine(values[m], original_value(d[i, cols[m] - u0], scale, power, most), lam)
             m += 1
     return out
 
@@ -117,20 +118,36 @@ def final_block(d, scale, power, row_max, query_rows, u0, indptr, cols, values, 
 @nb.njit(nogil=True, cache=True)
 def canonical_pairs(query_pids, gallery_pids, twins):
     """(rows, columns) of a block's pairs scored by their canonical distance: one identity, or a
-    gallery row with a twin; counted first, then listed (branch-free)."""
+    gallery row with a twin.  The columns of a query's identity are found by a search among the
+    columns sorted by pid (a few per query among thousands: a test of every pair cost more than
+    the values' own kernel); the twins' columns merged in (those of the identity once)."""
+    order = np.argsort(gallery_pids, kind="mergesort")
+    by_pid = gallery_pids[order]
+    twin_columns = np.flatnonzero(twins)
+    twin_pids = gallery_pids[twin_columns]
+    first = np.searchsorted(by_pid, query_pids, side="left")
+    stop = np.searchsorted(by_pid, query_pids, side="right")
     n = 0
     for i in range(query_pids.shape[0]):
-        for j in range(gallery_pids.shape[0]):
-            n += (query_pids[i] == gallery_pids[j]) | twins[j]
-    rows = np.empty(n + 1, dtype=np.int64)  # the listing writes one past the last pair
-    columns = np.empty(n + 1, dtype=np.int64)
+        n += stop[i] - first[i]
+        for pid in twin_pids:
+            n += pid != query_pids[i]
+    rows = np.empty(n, dtype=np.int64)
+    columns = np.empty(n, dtype=np.int64)
     n = 0
-    for i in range(query_pids.shape[0]):
-        for j in range(gallery_pids.shape[0]):
+    for i in range(query_pids.shape[0]):  # the identity's columns (ascending: the sort is stable) merged with the twins'
+        m, t = first[i], 0
+        while (m < stop[i]) | (t < twin_columns.shape[0]):
+            take_twin = (m == stop[i]) or ((t < twin_columns.shape[0]) and (twin_columns[t] < order[m]))
+            column = twin_columns[t] if take_twin else order[m]
+            t += take_twin
+            m += not take_twin
+            if take_twin and gallery_pids[column] == query_pids[i]:
+                continue  # listed with the identity's columns
             rows[n] = i
-            columns[n] = j
-            n += (query_pids[i] == gallery_pids[j]) | twins[j]
-    return rows[:n], columns[:n]
+            columns[n] = column
+            n += 1
+    return rows, columns
 
 
 @nb.njit(nogil=True, cache=True)
