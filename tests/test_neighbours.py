@@ -9,7 +9,8 @@ import zarr
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from streameval.core.progress import Phases
-from streameval.engine.neighbours import block_rows, neighbour_pass, pair_distances, read_u_rows, screen
+from streameval.engine.neighbours import (block_rows, neighbour_pass, pair_block_rows, pair_distances, read_u_rows,
+                                         screen)
 from streameval.engine.plan import Plan
 from streameval.run.session import Runner
 from streameval.store import write_store
@@ -91,6 +92,26 @@ def test_blocks_take_the_memory_the_plan_gave_a_scoring_tasks_dot_products():
     assert block_rows(Plan(2000, 100, 2), 8, 4, 5) == 2000
     assert block_rows(Plan(600, 10, 2), 8, 4, 5) == 600
     assert block_rows(Plan(300, 5000, 4), 8, 4, 5) == 300
+
+
+def test_pair_blocks_take_a_workers_share_of_u_within_the_memory_of_a_knn_block():
+    """``pair_distances`` holds no lists: blocks of ``block_rows`` without them, at most a worker's
+    share of U (every worker gets a block), never under the plan's query block."""
+    # 2 workers x (600 - 512) rows x 1,500 x 4 B freed over 2 blocks of 88 B rows (16 features, 40,
+    # 2 chains x 2 copies x 8 farthest): 6,000 rows, capped at half of 1,530 rows
+    assert pair_block_rows(Plan(600, 1500, 2), 4, 4, 1530) == 765
+    assert pair_block_rows(Plan(600, 1500, 2), 4, 4, 20_000) == 6000
+    assert pair_block_rows(Plan(600, 1500, 2), 4, 4, 700) == 600
+    assert pair_block_rows(Plan(5, 6, 2), 4, 4, 47) == 5
+
+
+def test_pair_distances_in_grown_blocks_are_the_canonical_ones():
+    store, u = problem(8, 30, 1500, 4)
+    runner = Runner(None, Plan(600, 1500, 2), Phases(), None)
+    rng = np.random.default_rng(1)
+    first, second = rng.integers(0, u.shape[0], 3000), rng.integers(0, u.shape[0], 3000)
+    got = pair_distances((store.query, store.gallery), "sqeuclidean", np.float32, first, second, runner)
+    np.testing.assert_array_equal(got, dense_distances(u, "sqeuclidean")[first, second])
 
 
 def test_grown_blocks_give_the_exact_lists():

@@ -257,6 +257,8 @@ def _range_block(seed: int, metric: int):
     q = rng.standard_normal((37, 19)).astype(np.float32)
     g = np.concatenate([rng.standard_normal((50, 19)), q[:5], -q[5:8], 2 * q[8:10]]).astype(np.float32)
     g[3] = np.nextafter(g[50], np.float32(np.inf))
+    if metric != kernels.COSINE:  # a zero row (refused for cosine only)
+        q[-1] = 0.0
     terms = [kernels.row_terms(x, metric) for x in (q, g)]
     norms = [t if metric == kernels.COSINE else np.sqrt(t) for t in terms]
     return q, g, terms, norms
@@ -285,3 +287,59 @@ def test_the_cosine_range_key_is_within_its_bound_of_the_fast_distance():
     fast = 1.0 - dots / (qa * ga)
     key = 1.0 - dots * (1.0 / ga) * (1.0 / qa)
     assert np.abs(key - fast).max() <= kernels.COSINE_KEY_ERROR
+
+
+def test_distance_range_of_stored_distances_is_their_min_and_max():
+    """Stored (and re-ranked) values are their own distances, with zero terms: nothing divides by them."""
+    values = np.random.default_rng(3).uniform(-2, 5, (9, 40))
+    zeros = np.zeros(40)
+    got = kernels.distance_range(values, values, values, zeros[:9], zeros, zeros[:9], zeros, kernels.PRECOMPUTED, 0.0)
+    assert got == (values.min(), values.max())
+
+
+def _gom_block(dots, qa, ga, metric):
+    """A Block of one camera and trial where every pair is a kept negative (pids differ)."""
+    from streameval.engine.block import Block
+
+    nq, ng = dots.shape
+    ints = np.zeros
+    return Block(dots, np.zeros((0, 0)), dots, dots, qa, ga, np.sqrt(np.abs(qa)), np.sqrt(np.abs(ga)), metric, 0.0, 0.0,
+                 np.arange(nq, dtype=np.int64), np.arange(nq, nq + ng, dtype=np.int64), ints(nq, np.int64),
+                 ints((1, ng), np.uint8), np.ones(nq, np.uint64), np.ones(ng, np.uint64), 0, ints(nq + 1, np.int64),
+                 ints(0), ints(0, np.int64), ints(0, np.uint64))
+
+
+@pytest.mark.parametrize("metric", [kernels.COSINE, kernels.SQEUCLIDEAN, kernels.EUCLIDEAN, kernels.PRECOMPUTED])
+def test_gom_bins_by_keys_are_the_bins_of_the_fast_distances(metric):
+    """``update_hist`` bins a windowless row from keys times 1 / span (no division per pair) and
+    settles the rows near a threshold on the fast distance: every count equals binning each fast
+    distance, normalised, as ``kernels.threshold_bin`` does - with distances on the thresholds and
+    an ulp either side of them."""
+    from streameval.features.gom.statistic import update_hist
+
+    rng = np.random.default_rng(metric)
+    n_bins, nq, ng = 20, 6, 500
+    if metric == kernels.PRECOMPUTED:
+        lo, span = -0.75, 2.5
+        grid = lo + np.arange(n_bins + 1) / n_bins * span
+        dots = rng.choice(np.concatenate([grid, np.nextafter(grid, -np.inf), np.nextafter(grid, np.inf),
+                                          rng.uniform(lo - 1, lo + span + 1, 200)]), (nq, ng))
+        qa, ga = np.zeros(nq), np.zeros(ng)
+    else:
+        q, g = (rng.integers(-3, 4, (n, 8)).astype(np.float32) for n in (nq, ng))
+        g[:, 0] += 0.5  # no zero row
+        q[:, 0] += 0.5
+        qa, ga = (kernels.row_terms(x, metric) for x in (q, g))
+        dots = (q @ g.T).astype(np.float32)
+    blk = _gom_block(dots, qa, ga, metric)
+    fast = np.array([[kernels.pair_distance(dots[i, j], qa[i], ga[j], metric) for j in range(ng)] for i in range(nq)])
+    if metric != kernels.PRECOMPUTED:  # integer features: distances on a grid whose step divides the span
+        lo, span = float(fast.min()), float(fast.max() - fast.min())
+    want = np.zeros((nq, 1, n_bins + 2), np.int64)
+    for i in range(nq):
+        for j in range(ng):
+            want[i, 0, kernels.threshold_bin(kernels.normalise(fast[i, j], kernels.NORM_AFFINE, lo, span), n_bins)] += 1
+    hist = np.zeros_like(want)
+    empty = np.empty(0)
+    update_hist(blk, 0.0, kernels.NORM_AFFINE, lo, span, n_bins, 0, 1, hist, np.empty((0, 3), np.int64), empty, empty)
+    np.testing.assert_array_equal(hist, want)

@@ -422,7 +422,7 @@ def _extremes(x):
     return values[0], values[1]
 
 
-# |cosine range key - fast distance| (``_range_keys``): a quotient of magnitude at most ~1 rounded four
+# |cosine distance key - fast distance| (``distance_key``): a quotient of magnitude at most ~1 rounded four
 # times instead of twice, and 1 minus it rounded in both: ~10 units in the last place of 1 at most.
 COSINE_KEY_ERROR = 16.0 * U64
 
@@ -432,7 +432,7 @@ def distance_range(dots, qf, gf, qa, ga, qn, gn, metric, c_dot):
     """Canonical (min, max) distance over a block of GEMM dot products ``dots``: the first GOM pass
     of ``minmax`` normalisation.
 
-    The extremes are found on keys (``_range_keys``, a row at a time, in a buffer that stays in
+    The extremes are found on keys (``distance_key``, a row at a time, in a buffer that stays in
     cache) within ``slack`` of the fast distances, then settled canonically among the pairs within
     two windows and slacks of them (``reach``: no pair's window is wider), visiting only rows that
     reach them.
@@ -449,7 +449,7 @@ def distance_range(dots, qf, gf, qa, ga, qn, gn, metric, c_dot):
         row_low[i], row_high[i] = _extremes(row)
     if metric == EUCLIDEAN:  # the root of the extreme squares: the extreme distances (the root is monotone)
         row_low, row_high = np.sqrt(row_low), np.sqrt(row_high)
-    slack = COSINE_KEY_ERROR if metric == COSINE else 0.0
+    slack = key_error(metric)
     gn_max = gn.max()
     reach = 0.0
     for i in range(nq):
@@ -472,16 +472,33 @@ def distance_range(dots, qf, gf, qa, ga, qn, gn, metric, c_dot):
 
 @_inline
 def _range_keys(dots, i, qa, ga, inv_ga, metric, squared, out):
-    """out[j]: the key ``distance_range`` ranks pair (i, j) by: its fast distance, but for cosine
-    1 - dot (1 / ga) (1 / qa) (two products where the fast distance divides, within
-    ``COSINE_KEY_ERROR`` of it) and with ``squared`` the squared euclidean distance (a root per
-    pair saved: the extremes' roots are the extremes)."""
+    """out[j]: the key ``distance_range`` ranks pair (i, j) by: ``distance_key``, or with ``squared``
+    the squared euclidean distance (a root per pair saved: the extremes' roots are the extremes)."""
+    inv_qa = inverse(qa)
+    key_metric = SQEUCLIDEAN if squared else metric
+    for j in range(out.shape[0]):
+        out[j] = distance_key(dots[i, j], qa, ga[j], inv_qa, inv_ga[j], key_metric)
+
+
+@_inline
+def distance_key(dot, qa, ga, inv_qa, inv_ga, metric):
+    """A pair's fast distance, but for cosine 1 - dot (1 / ga) (1 / qa): two products where the fast
+    distance divides, within ``key_error`` of it."""
     if metric == COSINE:
-        inv_qa = 1.0 / qa
-        for j in range(out.shape[0]):
-            out[j] = 1.0 - np.float64(dots[i, j]) * inv_ga[j] * inv_qa
-    else:
-        row_distances(dots, i, qa, ga, SQEUCLIDEAN if squared else metric, out)
+        return 1.0 - np.float64(dot) * inv_ga * inv_qa
+    return pair_distance(dot, qa, ga, metric)
+
+
+@_inline
+def inverse(x):
+    """1 / x, infinite at 0 (a zero row's term, or a stored distance's, which no key divides by)."""
+    return 1.0 / x if x != 0.0 else np.inf
+
+
+@_inline
+def key_error(metric):
+    """The most ``distance_key`` is from the fast distance."""
+    return COSINE_KEY_ERROR if metric == COSINE else 0.0
 
 
 @_inline

@@ -81,6 +81,13 @@ def block_rows(plan, dim: int, itemsize: int, k: int) -> int:
     return max(plan.query_block, freed // (2 * row_bytes))
 
 
+def pair_block_rows(plan, dim: int, itemsize: int, n_rows: int) -> int:
+    """U rows per block of ``pair_distances``: a block is a task that reads U once and holds no
+    dot products, so it takes as many rows as a kNN block without lists (``block_rows``), but no
+    more than a worker's share of U's ``n_rows``, so that every worker has a block."""
+    return min(block_rows(plan, dim, itemsize, 0), max(plan.query_block, -(-n_rows // plan.workers)))
+
+
 def u_parts(sets: tuple) -> tuple:
     """The sets as consecutive runs of U rows."""
     offsets = np.cumsum([0] + [len(fs) for fs in sets])
@@ -225,15 +232,17 @@ def read_u_rows(sets: tuple, rows: np.ndarray, dtype) -> np.ndarray:
 
 def pair_distances(sets: tuple, metric: str, dtype, first: np.ndarray, second: np.ndarray, runner) -> np.ndarray:
     """Canonical distances of the U pairs (first[m], second[m]) (0 for a row with itself): a pass over
-    U per block of ``first`` rows (``runner``'s query blocks), each chunk of U read once per block,
-    so memory stays a block and a chunk whatever the pairs."""
+    U per block of ``first`` rows (``pair_block_rows``), each chunk of U read once per block, so
+    memory stays a block and a chunk whatever the pairs."""
     source = sources.block_source(metric, sets[0].dim, dtype)
     order = np.lexsort((second, first))
     first, second = first[order], second[order]
     parts = u_parts(sets)
+    n_rows = parts[-1].offset + len(parts[-1].fs)
+    plan = replace(runner.plan, query_block=pair_block_rows(runner.plan, sets[0].dim, np.dtype(dtype).itemsize, n_rows))
     tasks = []
     for part in parts:
-        for a, b in runner.plan.query_ranges(len(part.fs)):
+        for a, b in plan.query_ranges(len(part.fs)):
             lo, hi = np.searchsorted(first, [part.offset + a, part.offset + b])
             if lo < hi:
                 rows = delayed(u_rows)(part, a, b, source, dtype)

@@ -6,39 +6,94 @@ With ``fixed`` normalisation two diagnostics ride along (``clipping``): the nega
 distance over all its pairs (what ``minmax`` would take).
 
 Bins are decided on the fast distance unless its window (``c_bins``, ``kernels.bin_error_bound``)
-straddles a threshold or LO / HI; then on the canonical distance.
+straddles a threshold or LO / HI; then on the canonical distance.  Without windows (float32 GEMMs,
+stored and re-ranked values) and with an affine normalisation, a pair's bin is read off its
+position on the grid, found without dividing (``_keyed_bins``), the fast distance taken only near
+a threshold: the same bins.
 """
 
 from __future__ import annotations
+
+import math
 
 import numba as nb
 import numpy as np
 
 from ...engine import kernels
-from ...engine.kernels import U64, canonical_distance, clip_side, distance_window, normalise, threshold_bin
+from ...engine.kernels import U64, canonical_distance, clip_side, distance_key, distance_window, normalise, threshold_bin
 from ...engine.statistic import Field, Statistic
-from ...engine.block import kept_bits, row_distances, trial_bit, widest
+from ...engine.block import compact, fast_distance, kept_bits, mask, row_distances, trial_bit, widest
 
 _jit = nb.njit(nogil=True, cache=True)
 _inline = nb.njit(nogil=True, cache=True, inline="always")
 
 
 @_inline
-def _row_bins(blk, i, c_bins, norm_mode, lo, span, n_bins, sides, dist, bins, open_rows):
+def _row_bins(blk, i, c_bins, norm_mode, lo, span, n_bins, sides, dist, bins, hit, cols):
     """bins[j]: the threshold that first returns row j of query i; ``dist`` (row i's distances,
     a copy) gets the canonical distance where that decided the bin.  The bins of both ends of each
-    window in a loop that vectorises, flagging into ``open_rows`` the rows whose window straddles a
-    threshold (or LO / HI); then the canonical distance of the flagged ones."""
+    window in a loop that vectorises, flagging in ``hit`` (a ``mask``) the rows whose window
+    straddles a threshold (or LO / HI); then the canonical distance of the flagged ones."""
     for j in range(dist.shape[0]):
         w = distance_window(dist[j], blk.qn[i], blk.gn[j], blk.metric, c_bins)
         k = threshold_bin(normalise(dist[j] - w, norm_mode, lo, span), n_bins)
         straddles = k != threshold_bin(normalise(dist[j] + w, norm_mode, lo, span), n_bins)
         clipped = sides & (clip_side(dist[j] - w, lo, span) != clip_side(dist[j] + w, lo, span))
-        open_rows[j] = straddles | clipped
+        hit[j] = straddles | clipped
         bins[j] = k
-    for j in open_rows.nonzero()[0]:
+    for m in range(compact(hit, cols)):
+        j = cols[m]
         dist[j] = canonical_distance(blk.qf, blk.gf, i, j, blk.qa[i], blk.ga[j], blk.metric)
         bins[j] = threshold_bin(normalise(dist[j], norm_mode, lo, span), n_bins)
+
+
+# Spans below this are binned from the fast distance: n_bins / span stays far from overflow above it.
+KEYED_SPAN = 1e-100
+
+
+@_inline
+def keyed_margin(metric, lo, span, n_bins):
+    """How far (in bins) ``_keyed_bins``' position t of a pair may be from N d~ of its fast distance:
+    the key's error and ~10 roundings of the terms' size (``size`` bounds |key| + |lo| for a pair in
+    the range) over the span, the grid's own rounding (k / N against the grid value k (1 / N)) and t's,
+    generously counted."""
+    key_error = kernels.key_error(metric)
+    size = 2.0 * abs(lo) + span + key_error
+    return n_bins * ((key_error + 32.0 * U64 * size) / span + 16.0 * U64)
+
+
+@_inline
+def _keyed_bin(key, j, lo, scale, top, margin, bins, hit):
+    """``_keyed_bins`` for the pair (of column j) of this key."""
+    t = (key - lo) * scale
+    k = math.ceil(t)
+    hit[j] = (k - t < margin) | (t - (k - 1.0) < margin) | (t < margin) | (t > top)
+    bins[j] = np.int64(k) if (t > 0.0) & (t < top) else 0  # (one outside is binned after)
+
+
+@_inline
+def _keyed_bins(blk, i, inv_ga, lo, span, n_bins, margin, bins, hit, cols):
+    """bins[j] of a row without windows under affine normalisation, without a division per pair:
+    the pair's position t = (``distance_key`` - lo) N / span on the grid, binned as ceil(t) unless
+    t is within ``margin`` of a grid point or of the range's ends; those few pairs are binned from
+    their fast distance, as the other path bins every pair."""
+    qa = blk.qa[i]
+    inv_qa = kernels.inverse(qa)
+    scale = n_bins / span
+    if blk.metric == kernels.COSINE:  # a loop per metric: a test of it inside kept the loop scalar
+        for j in range(bins.shape[0]):
+            _keyed_bin(distance_key(blk.dots[i, j], qa, blk.ga[j], inv_qa, inv_ga[j], kernels.COSINE), j, lo, scale,
+                       n_bins - margin, margin, bins, hit)
+    elif blk.metric == kernels.PRECOMPUTED:
+        for j in range(bins.shape[0]):
+            _keyed_bin(np.float64(blk.dots[i, j]), j, lo, scale, n_bins - margin, margin, bins, hit)
+    else:
+        for j in range(bins.shape[0]):
+            _keyed_bin(kernels.pair_distance(blk.dots[i, j], qa, blk.ga[j], blk.metric), j, lo, scale,
+                       n_bins - margin, margin, bins, hit)
+    for m in range(compact(hit, cols)):
+        j = cols[m]
+        bins[j] = threshold_bin(normalise(fast_distance(blk, i, j), kernels.NORM_AFFINE, lo, span), n_bins)
 
 
 @_inline
@@ -95,19 +150,26 @@ def update_hist(blk, c_bins, norm_mode, lo, span, n_bins, t_first, t_stop, hist,
     n_rows, n_cols = blk.dots.shape
     dist = np.empty(n_cols, dtype=np.float64)
     bins = np.empty(n_cols, dtype=np.int64)
-    open_rows = np.empty(n_cols, dtype=np.bool_)
     windowless = (c_bins == 0.0) | (blk.metric == kernels.PRECOMPUTED)  # stored and re-ranked values are exact
+    keyed = windowless & (norm_mode == kernels.NORM_AFFINE) & (span >= KEYED_SPAN) & (clipped.shape[0] == 0)
+    inv_ga = 1.0 / blk.ga
+    margin = keyed_margin(blk.metric, lo, span, n_bins) if keyed else 0.0
+    hit = mask(n_cols)
+    cols = np.empty(hit.shape[0], dtype=np.int64)
     kept = np.empty(n_cols, dtype=np.uint64)
     lanes = np.zeros((LANES, hist.shape[2]), dtype=np.int64)
     sides = clipped.shape[0] > 0
     gn_max = widest(blk)  # once a block: a row loop taking it scanned the chunk per query
     for i in range(n_rows):
-        row_distances(blk, i, dist)
-        if windowless:
+        if keyed:  # the diagnostics of fixed normalisation read the row's distances
+            _keyed_bins(blk, i, inv_ga, lo, span, n_bins, margin, bins, hit, cols)
+        elif windowless:
+            row_distances(blk, i, dist)
             for j in range(n_cols):
                 bins[j] = threshold_bin(normalise(dist[j], norm_mode, lo, span), n_bins)
         else:
-            _row_bins(blk, i, c_bins, norm_mode, lo, span, n_bins, sides, dist, bins, open_rows)
+            row_distances(blk, i, dist)
+            _row_bins(blk, i, c_bins, norm_mode, lo, span, n_bins, sides, dist, bins, hit, cols)
         kept_bits(blk, i, kept)
         for t in range(t_first, t_stop):
             _count_lanes(bins, kept, t, lanes)
