@@ -20,7 +20,6 @@ import numba as nb
 import numpy as np
 
 from ...engine import kernels, scratch
-from ...engine.block import fill_distances
 from ...engine.sources import FeatureSource
 from ...store import read_rows
 
@@ -47,17 +46,18 @@ class RerankedSource:
         """The final values, into this thread's scratch buffer (valid until the next block)."""
         qf = queries.features[rows]
         dots = np.matmul(qf, chunk.features.T, out=scratch.buffer("rerank dots", np.float64, (qf.shape[0], stop - start)))
-        d = scratch.buffer("rerank distances", np.float64, dots.shape)
-        fill_distances(dots, queries.terms[rows], chunk.terms, self.base.metric, d)
         u0 = self.u_row(part, start)
-        same = canonical_pairs(queries.pids[rows], chunk.pids, self.twins[u0:u0 + d.shape[1]])
-        if same[0].size:
-            d[same] = kernels.pair_distances(qf, chunk.features, same[0], same[1], queries.terms[rows], chunk.terms,
-                                             self.base.metric)
         query_rows, j = queries.index[rows], self.jaccard
         scale, power, row_max = self.original_terms(query_rows)
-        return final_block(d, scale, power, row_max, query_rows, u0, j.indptr, j.cols, j.values, self.lam,
-                           scratch.buffer("rerank final", np.float64, d.shape))
+        out = final_block(dots, queries.terms[rows], chunk.terms, self.base.metric, scale, power, row_max, query_rows, u0,
+                          j.indptr, j.cols, j.values, self.lam, scratch.buffer("rerank final", np.float64, dots.shape))
+        same = canonical_pairs(queries.pids[rows], chunk.pids, self.twins[u0:u0 + dots.shape[1]])
+        if same[0].size:
+            d = kernels.pair_distances(qf, chunk.features, same[0], same[1], queries.terms[rows], chunk.terms,
+                                       self.base.metric)
+            out[same] = final_pairs(d, scale, power, row_max[same[0]], query_rows[same[0]], u0 + same[1], j.indptr,
+                                    j.cols, j.values, self.lam)
+        return out
 
     def exact(self, qf: np.ndarray, values: np.ndarray) -> np.ndarray:
         return values
@@ -98,19 +98,33 @@ def original_value(d, scale, power, row_max):
     return scale * (t if power == 1 else t * t) / row_max
 
 
+@nb.njit(nogil=True, cache=True, inline="always")
+def _final_row(dots, qa, ga, metric, scale, power, row_max, lam, out):
+    """final of a row's pairs with J = 1."""
+    for j in range(out.shape[0]):
+        out[j] = combine(1.0, original_value(kernels.pair_distance(dots[j], qa, ga[j], metric), scale, power, row_max),
+                         lam)
+
+
 @nb.njit(nogil=True, cache=True)
-def final_block(d, scale, power, row_max, query_rows, u0, indptr, cols, values, lam, out):
-    """final[i, j] for query query_rows[i] and U row u0 + j from base distances d, into ``out``:
-    J = 1 but for the query's candidates."""
+def final_block(dots, qa, ga, metric, scale, power, row_max, query_rows, u0, indptr, cols, values, lam, out):
+    """final[i, j] for query query_rows[i] and U row u0 + j from the GEMM's dot products (base
+    distances as ``kernels.pair_distance`` makes them, of the base metric: cosine or sqeuclidean),
+    into ``out``: J = 1 but for the query's candidates.  Pairs scored by their canonical distance
+    are written over afterwards."""
     for i in range(out.shape[0]):
-        most = row_max[i]  # a local: read through ``row_max`` (which ``out`` might alias) the loop ran scalar
-        for j in range(out.shape[1]):
-            out[i, j] = combine(1.0, original_value(d[i, j], scale, power, most), lam)
+        most = row_max[i]  # locals: read through arrays (which ``out`` might alias) the loop ran scalar
+        qai = qa[i]
+        if metric == kernels.COSINE:  # a loop per base metric: a test of it inside kept the loop scalar
+            _final_row(dots[i], qai, ga, kernels.COSINE, scale, power, most, lam, out[i])
+        else:
+            _final_row(dots[i], qai, ga, kernels.SQEUCLIDEAN, scale, power, most, lam, out[i])
         lo = indptr[query_rows[i]]
         hi = indptr[query_rows[i] + 1]
         m = lo + np.searchsorted(cols[lo:hi], u0)
         while m < hi and cols[m] < u0 + out.shape[1]:
-            out[i, cols[m] - u0] = combine(values[m], original_value(d[i, cols[m] - u0], scale, power, most), lam)
+            d = kernels.pair_distance(dots[i, cols[m] - u0], qai, ga[cols[m] - u0], metric)
+            out[i, cols[m] - u0] = combine(values[m], original_value(d, scale, power, most), lam)
             m += 1
     return out
 
