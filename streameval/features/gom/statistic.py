@@ -63,8 +63,9 @@ def keyed_margin(metric, lo, span, n_bins):
 
 
 @_inline
-def _keyed_bin(key, j, lo, scale, top, margin, bins, hit):
+def _keyed_bin(key, j, lo, scale, top, margin, dist, bins, hit):
     """``_keyed_bins`` for the pair (of column j) of this key."""
+    dist[j] = key
     t = (key - lo) * scale
     k = math.ceil(t)
     hit[j] = (k - t < margin) | (t - (k - 1.0) < margin) | (t < margin) | (t > top)
@@ -72,28 +73,31 @@ def _keyed_bin(key, j, lo, scale, top, margin, bins, hit):
 
 
 @_inline
-def _keyed_bins(blk, i, inv_ga, lo, span, n_bins, margin, bins, hit, cols):
+def _keyed_bins(blk, i, inv_ga, lo, span, n_bins, margin, dist, bins, hit, cols):
     """bins[j] of a row without windows under affine normalisation, without a division per pair:
     the pair's position t = (``distance_key`` - lo) N / span on the grid, binned as ceil(t) unless
     t is within ``margin`` of a grid point or of the range's ends; those few pairs are binned from
-    their fast distance, as the other path bins every pair."""
+    their fast distance, as the other path bins every pair.  dist[j]: the key, or where the fast
+    distance was taken, that: within ``kernels.key_error`` of the fast distance, and on the same
+    side of LO and HI (a key whose t is inside the margins is strictly between them)."""
     qa = blk.qa[i]
     inv_qa = kernels.inverse(qa)
     scale = n_bins / span
     if blk.metric == kernels.COSINE:  # a loop per metric: a test of it inside kept the loop scalar
         for j in range(bins.shape[0]):
             _keyed_bin(distance_key(blk.dots[i, j], qa, blk.ga[j], inv_qa, inv_ga[j], kernels.COSINE), j, lo, scale,
-                       n_bins - margin, margin, bins, hit)
+                       n_bins - margin, margin, dist, bins, hit)
     elif blk.metric == kernels.PRECOMPUTED:
         for j in range(bins.shape[0]):
-            _keyed_bin(np.float64(blk.dots[i, j]), j, lo, scale, n_bins - margin, margin, bins, hit)
+            _keyed_bin(np.float64(blk.dots[i, j]), j, lo, scale, n_bins - margin, margin, dist, bins, hit)
     else:
         for j in range(bins.shape[0]):
             _keyed_bin(kernels.pair_distance(blk.dots[i, j], qa, blk.ga[j], blk.metric), j, lo, scale,
-                       n_bins - margin, margin, bins, hit)
+                       n_bins - margin, margin, dist, bins, hit)
     for m in range(compact(hit, cols)):
         j = cols[m]
-        bins[j] = threshold_bin(normalise(fast_distance(blk, i, j), kernels.NORM_AFFINE, lo, span), n_bins)
+        dist[j] = fast_distance(blk, i, j)
+        bins[j] = threshold_bin(normalise(dist[j], kernels.NORM_AFFINE, lo, span), n_bins)
 
 
 @_inline
@@ -115,17 +119,18 @@ def _count_clipped(kept, dist, lo, span, clipped):
 
 
 @_inline
-def _settle_extremes(blk, i, dist, gn_max, low_out, high_out):
+def _settle_extremes(blk, i, dist, gn_max, slack, low_out, high_out):
     """Lower ``low_out[i]`` / raise ``high_out[i]`` to row i's canonical min / max distance.
 
     The pair with the canonical minimum has a fast distance within its window of it, hence within
     two windows of the fast minimum: those pairs are settled canonically, unless none of them can
     lower the minimum so far (the same for the maximum).  ``reach`` bounds every window involved: a
     window shrinks as the fast distance grows (but for its 4u d term, bounded at the row's
-    maximum), so the one at the fast minimum with the largest gallery norm is the widest.
+    maximum), so the one at the fast minimum with the largest gallery norm is the widest.  ``dist``
+    may be up to ``slack`` from the fast distances (``_keyed_bins``' keys): reach takes it too.
     """
     low, high = kernels._extremes(dist)
-    reach = distance_window(low, blk.qn[i], gn_max, blk.metric, blk.c_dot) + 4.0 * U64 * high
+    reach = distance_window(low, blk.qn[i], gn_max, blk.metric, blk.c_dot) + 4.0 * U64 * high + slack
     if low - reach < low_out[i]:
         for j in range(dist.shape[0]):
             if dist[j] <= low + 2.0 * reach:
@@ -151,7 +156,8 @@ def update_hist(blk, c_bins, norm_mode, lo, span, n_bins, t_first, t_stop, hist,
     dist = np.empty(n_cols, dtype=np.float64)
     bins = np.empty(n_cols, dtype=np.int64)
     windowless = (c_bins == 0.0) | (blk.metric == kernels.PRECOMPUTED)  # stored and re-ranked values are exact
-    keyed = windowless & (norm_mode == kernels.NORM_AFFINE) & (span >= KEYED_SPAN) & (clipped.shape[0] == 0)
+    keyed = windowless & (norm_mode == kernels.NORM_AFFINE) & (span >= KEYED_SPAN)
+    slack = kernels.key_error(blk.metric) if keyed else 0.0  # of ``dist``: keys
     inv_ga = 1.0 / blk.ga
     margin = keyed_margin(blk.metric, lo, span, n_bins) if keyed else 0.0
     hit = mask(n_cols)
@@ -161,8 +167,8 @@ def update_hist(blk, c_bins, norm_mode, lo, span, n_bins, t_first, t_stop, hist,
     sides = clipped.shape[0] > 0
     gn_max = widest(blk)  # once a block: a row loop taking it scanned the chunk per query
     for i in range(n_rows):
-        if keyed:  # the diagnostics of fixed normalisation read the row's distances
-            _keyed_bins(blk, i, inv_ga, lo, span, n_bins, margin, bins, hit, cols)
+        if keyed:
+            _keyed_bins(blk, i, inv_ga, lo, span, n_bins, margin, dist, bins, hit, cols)
         elif windowless:
             row_distances(blk, i, dist)
             for j in range(n_cols):
@@ -178,7 +184,7 @@ def update_hist(blk, c_bins, norm_mode, lo, span, n_bins, t_first, t_stop, hist,
             lanes[:] = 0
         if sides and n_cols:
             _count_clipped(kept, dist, lo, span, clipped[i])
-            _settle_extremes(blk, i, dist, gn_max, range_low, range_high)
+            _settle_extremes(blk, i, dist, gn_max, slack, range_low, range_high)
 
 
 @_inline
