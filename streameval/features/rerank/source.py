@@ -132,35 +132,25 @@ def final_block(dots, qa, ga, metric, scale, power, row_max, query_rows, u0, ind
 @nb.njit(nogil=True, cache=True)
 def canonical_pairs(query_pids, gallery_pids, twins):
     """(rows, columns) of a block's pairs scored by their canonical distance: one identity, or a
-    gallery row with a twin.  The columns of a query's identity are found by a search among the
-    columns sorted by pid (a few per query among thousands: a test of every pair cost more than
-    the values' own kernel); the twins' columns merged in (those of the identity once)."""
+    gallery row with a twin; row by row, columns ascending.  A query's identity is found by a
+    search among the columns sorted by pid (a few per query among thousands: a test of every pair
+    cost more than the values' own kernel), the twins of other identities added to it."""
     order = np.argsort(gallery_pids, kind="mergesort")
-    by_pid = gallery_pids[order]
+    first = np.searchsorted(gallery_pids[order], query_pids, side="left")
+    stop = np.searchsorted(gallery_pids[order], query_pids, side="right")
     twin_columns = np.flatnonzero(twins)
-    twin_pids = gallery_pids[twin_columns]
-    first = np.searchsorted(by_pid, query_pids, side="left")
-    stop = np.searchsorted(by_pid, query_pids, side="right")
     n = 0
     for i in range(query_pids.shape[0]):
-        n += stop[i] - first[i]
-        for pid in twin_pids:
-            n += pid != query_pids[i]
+        n += stop[i] - first[i] + np.sum(gallery_pids[twin_columns] != query_pids[i])
     rows = np.empty(n, dtype=np.int64)
     columns = np.empty(n, dtype=np.int64)
     n = 0
-    for i in range(query_pids.shape[0]):  # the identity's columns (ascending: the sort is stable) merged with the twins'
-        m, t = first[i], 0
-        while (m < stop[i]) | (t < twin_columns.shape[0]):
-            take_twin = (m == stop[i]) or ((t < twin_columns.shape[0]) and (twin_columns[t] < order[m]))
-            column = twin_columns[t] if take_twin else order[m]
-            t += take_twin
-            m += not take_twin
-            if take_twin and gallery_pids[column] == query_pids[i]:
-                continue  # listed with the identity's columns
-            rows[n] = i
-            columns[n] = column
-            n += 1
+    for i in range(query_pids.shape[0]):
+        own = np.sort(np.concatenate((order[first[i]:stop[i]],
+                                      twin_columns[gallery_pids[twin_columns] != query_pids[i]])))
+        rows[n:n + own.shape[0]] = i
+        columns[n:n + own.shape[0]] = own
+        n += own.shape[0]
     return rows, columns
 
 
