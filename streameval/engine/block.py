@@ -159,12 +159,13 @@ def mask(n_cols):
 @_inline
 def compact(hit, cols):
     """cols[:n] = the positions of the nonzero bytes of ``hit`` (0 or 1, zero-padded to whole 8-byte
-    words), ascending; returns n.  Empty words are skipped, so a sparse mask costs a read of it."""
+    words), ascending; returns n.  Empty words are skipped, so a sparse mask costs a read of it.
+    ``cols`` may be as long as the unpadded mask: no position past it is written."""
     words = hit.view(np.uint64)
     n = 0
     for w in range(words.shape[0]):
         if words[w] != 0:
-            for j in range(8 * w, 8 * w + 8):
+            for j in range(8 * w, min(8 * w + 8, cols.shape[0])):
                 cols[n] = j
                 n += hit[j]
     return n

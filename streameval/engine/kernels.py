@@ -265,13 +265,25 @@ def refined_dots(qf, gf, qrows, grows):
     leaves open is almost always closed by this window (1e-13 wide instead of 1e-4 at D = 2,048)."""
     out = np.empty(qrows.shape[0], dtype=np.float64)
     for k in range(qrows.shape[0]):
-        q = qf[qrows[k]]
-        g = gf[grows[k]]
-        acc = 0.0
-        for m in range(q.shape[0]):
-            acc += np.float64(q[m]) * np.float64(g[m])
-        out[k] = acc
+        out[k] = _any_order_dot(qf[qrows[k]], gf[grows[k]])
     return out
+
+
+@nb.njit(nogil=True, cache=True, fastmath=True)
+def refined_row_dots(qf, gf, i, grows, out):
+    """``refined_dots`` of the pairs (qf[i], gf[grows[k]]) into ``out`` (no allocation: the kNN
+    pass asks per row)."""
+    for k in range(grows.shape[0]):
+        out[k] = _any_order_dot(qf[i], gf[grows[k]])
+
+
+@_inline
+def _any_order_dot(q, g):
+    """The float64 dot product of two rows, summed in the order the caller's ``fastmath`` picks."""
+    acc = 0.0
+    for m in range(q.shape[0]):
+        acc += np.float64(q[m]) * np.float64(g[m])
+    return acc
 
 
 # Sorted lists of keys (distance, row) and the max-heap of their bounds: the ranked lists' and the

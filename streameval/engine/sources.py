@@ -20,7 +20,7 @@ import numpy as np
 
 from . import device as devices, kernels, scratch
 from ..core.errors import OptionError, StoreError
-from ..store import FeatureSet, read_rows, row_number
+from ..store import FeatureSet, read_features, row_number
 
 
 def block_source(metric: str, dim: int, precision, device: str | None = None):
@@ -69,7 +69,7 @@ class FeatureSource:
 
     def pair_distances(self, part, start: int, stop: int, queries, qrows: np.ndarray, grows: np.ndarray) -> np.ndarray:
         """Canonical distances (the part's rows' features read)."""
-        features = read_rows(part.fs, slice(start, stop), queries.features.dtype)[0]
+        features = read_features(part.fs, slice(start, stop), queries.features.dtype)
         terms = self.prepare(part.fs, slice(start, stop), features)[0]
         return kernels.pair_distances(queries.features, features, qrows, grows, queries.terms, terms, self.metric)
 

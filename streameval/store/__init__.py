@@ -55,7 +55,7 @@ its opener in ``layout.OPENERS``, and a distance set or a stack of variants (``s
 from . import distances  # noqa: F401 (registers the distance stores' kinds with layout.OPENERS)
 from .layout import (COMMITTED_ATTR, DEFAULT_CHUNK_ROWS, FEATURE_DTYPES, FIELDS, ID_FILL, METRICS, SCHEMA_VERSION, SETS,
                      FeatureSet, Store, describe, is_local_path, open_group, open_store)
-from .reading import read_field, read_ids, read_rows, rows_fingerprint, validate_values
+from .reading import read_features, read_field, read_ids, read_rows, rows_fingerprint, validate_values
 from .values import check_batch, check_features, check_ids, check_metric, feature_dtype, row_number
 from .variants import CLEAN, variant_attrs, variant_columns, variant_names, variant_set, write_variant
 from .writing import (append_batches, append_gallery, appendable, array_dtype, commit_gallery, create_store,
@@ -63,7 +63,7 @@ from .writing import (append_batches, append_gallery, appendable, array_dtype, c
 
 __all__ = [
     "COMMITTED_ATTR", "DEFAULT_CHUNK_ROWS", "FEATURE_DTYPES", "FIELDS", "ID_FILL", "METRICS", "SCHEMA_VERSION",
-    "SETS", "FeatureSet", "Store", "describe", "is_local_path", "open_group", "open_store", "read_field", "read_ids", "read_rows",
+    "SETS", "FeatureSet", "Store", "describe", "is_local_path", "open_group", "open_store", "read_features", "read_field", "read_ids", "read_rows",
     "rows_fingerprint", "validate_values", "check_batch", "check_features", "check_ids", "check_metric",
     "feature_dtype", "row_number", "append_batches", "append_gallery", "appendable", "array_dtype", "commit_gallery", "create_store",
     "estimated_bytes", "new_store", "refuse_existing", "upgrade_store", "write_rows", "write_store", "CLEAN", "variant_attrs",

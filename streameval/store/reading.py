@@ -137,9 +137,15 @@ def read_rows(fs: FeatureSet, rows, dtype) -> tuple[np.ndarray, np.ndarray, np.n
     pids = np.asarray(read_field(fs, "pids", rows), dtype=np.int64)
     if fs.features is None:
         return np.zeros((pids.shape[0], 0), dtype=dtype), pids, np.asarray(read_field(fs, "camids", rows), np.int64)
-    features = np.ascontiguousarray(read_field(fs, "features", rows), dtype=dtype)
+    features = read_features(fs, rows, dtype)
     camids = np.asarray(read_field(fs, "camids", rows), dtype=np.int64)
     return features, pids, camids
+
+
+def read_features(fs: FeatureSet, rows, dtype) -> np.ndarray:
+    """``read_rows``' features alone: a pass that has the rows' ids already spares their reads
+    (each a call into zarr, ~1 ms: as much as upcasting 4,096 rows of 256 features)."""
+    return np.ascontiguousarray(read_field(fs, "features", rows), dtype=dtype)
 
 
 def read_ids(fs: FeatureSet, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -203,8 +203,8 @@ class _Corrupted(_Blocks):
 
     def make_block(self, index: int):
         start = index * self.block_rows
-        feats, _, _ = store_mod.read_rows(self.fs, slice(start, min(start + self.block_rows, len(self.fs))),
-                                          np.float32)
+        feats = store_mod.read_features(self.fs, slice(start, min(start + self.block_rows, len(self.fs))),
+                                         np.float32)
         return corrupt(feats, _rng(*self.key, 1, index), self.direction)
 
 

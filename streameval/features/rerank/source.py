@@ -21,7 +21,7 @@ import numpy as np
 
 from ...engine import kernels, scratch
 from ...engine.sources import FeatureSource
-from ...store import read_rows
+from ...store import read_features
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class RerankedSource:
         return values
 
     def pair_distances(self, part, start: int, stop: int, queries, qrows: np.ndarray, grows: np.ndarray) -> np.ndarray:
-        features = read_rows(part.fs, slice(start, stop), np.float64)[0]
+        features = read_features(part.fs, slice(start, stop), np.float64)
         terms = self.prepare(part.fs, slice(start, stop), features)[0]
         d = kernels.pair_distances(queries.features, features, qrows, grows, queries.terms, terms, self.base.metric)
         query_rows, j = queries.index[qrows], self.jaccard
