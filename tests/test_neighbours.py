@@ -9,8 +9,9 @@ import zarr
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from streameval.core.progress import Phases
+from streameval.engine import sources
 from streameval.engine.neighbours import (block_rows, neighbour_pass, pair_block_rows, pair_distances, read_u_rows,
-                                         screen)
+                                         screen, symmetric_plan)
 from streameval.engine.plan import Plan
 from streameval.run.session import Runner
 from streameval.store import write_store
@@ -136,3 +137,37 @@ def test_the_screen_keeps_exactly_the_rows_near_either_limit(values, below, abov
     candidates = np.empty(dist.shape[0], dtype=np.int64)
     n = screen(dist, below, above, candidates)
     np.testing.assert_array_equal(candidates[:n], np.flatnonzero((dist <= below) | (dist >= above)))
+
+
+def test_blocks_are_whole_chunks():
+    """A chunk lies inside a block of the kNN pass or wholly past it: blocks of ``block_rows`` rounded
+    down to whole chunks, a chunk no larger than a block."""
+    for plan, dim, k in ((Plan(2000, 1000, 2), 8, 5), (Plan(600, 1500, 2), 4, 5), (Plan(2, 3, 2), 3, 3),
+                         (Plan(7, 3, 3), 5, 2)):
+        got = symmetric_plan(plan, dim, 4, k)
+        rows = block_rows(plan, dim, 4, k)
+        assert got.query_block % got.gallery_chunk == 0 and got.gallery_chunk <= got.query_block <= rows
+        assert got.gallery_chunk == min(plan.gallery_chunk, rows) and rows - got.query_block < got.gallery_chunk
+
+
+def test_each_pair_is_computed_once_but_within_a_chunk(monkeypatch):
+    """The distance is symmetric: the pass's GEMMs hold each pair of U once, but a chunk's pairs with
+    itself (both ways round in one GEMM), and the lists are still exact."""
+    store, u = problem(11, 40, 200, 4)
+    computed = []
+    block = sources.FeatureSource.block
+
+    def counted(self, part, start, stop, queries, chunk, rows):
+        dots = block(self, part, start, stop, queries, chunk, rows)
+        computed.append(dots.size)
+        return dots
+
+    monkeypatch.setattr(sources.FeatureSource, "block", counted)
+    runner = Runner(None, Plan(30, 10, 2), Phases(), None)
+    found = neighbour_pass((store.query, store.gallery), 4, "sqeuclidean", runner, np.float32)
+    n, chunk = u.shape[0], symmetric_plan(runner.plan, 4, 4, 4).gallery_chunk
+    # every unordered pair at least once; twice only the pairs within a chunk (n chunk rows at most)
+    assert n * (n + 1) // 2 <= sum(computed) <= n * (n + 1) // 2 + n * chunk // 2
+    d = dense_distances(u, "sqeuclidean")
+    rows = np.arange(n)
+    np.testing.assert_array_equal(found.index, np.stack([np.lexsort((rows, d[i]))[:4] for i in rows]))

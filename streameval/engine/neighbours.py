@@ -48,8 +48,9 @@ def neighbour_pass(sets: tuple, k: int, metric: str, runner, dtype) -> Neighbour
     the block only the block's rows from the chunk's first on.  The block's rows get their
     neighbours among the chunk's rows, and the chunk's rows theirs among the block's rows past the
     chunk (``nearest_in_chunk``): a chunk's own lists are handed on from block to block, so a row's
-    list is its block's merged with those its chunk gathered from the blocks up to its own.  Chains
-    of chunks per worker, the lists merged as sorted keys."""
+    list is its block's merged with those its chunk gathered from the blocks up to its own.  What
+    the chunks of a block gathered before it bounds what its own lists need settle (``limits``).
+    Chains of chunks per worker, the lists merged as sorted keys."""
     if metric not in ("cosine", "sqeuclidean"):
         raise ValueError(f"the kNN pass takes cosine or sqeuclidean distances, not {metric!r}")
     source = sources.block_source(metric, sets[0].dim, dtype, runner.device)
@@ -65,6 +66,8 @@ def neighbour_pass(sets: tuple, k: int, metric: str, runner, dtype) -> Neighbour
             first, end = part.offset + a, part.offset + b
             rows = delayed(u_rows)(part, a, b, source, dtype)
             ahead = [(other, c, e) for other, c, e in chunks if other.offset + c >= first]
+            earlier = [gathered[u0] for other, c, _ in ahead if (u0 := other.offset + c) < end and u0 in gathered]
+            bounds = delayed(limits)(*earlier) if earlier else None
             chains = [None] * max(1, min(plan.workers, len(ahead)))
             for i, (other, c, e) in enumerate(ahead):
                 u0 = other.offset + c
@@ -72,7 +75,7 @@ def neighbour_pass(sets: tuple, k: int, metric: str, runner, dtype) -> Neighbour
                 cost = graph.distance_work(other.fs, b - a - lo, c, e)
                 work += cost
                 chains[i % len(chains)], gathered[u0] = delayed(nearest_in_chunk, nout=2)(
-                    other, c, e, rows, source, dtype, k, chains[i % len(chains)], gathered.get(u0), lo, hi,
+                    other, c, e, rows, source, dtype, k, chains[i % len(chains)], gathered.get(u0), bounds, lo, hi,
                     dask_key_name=work_key("neighbours", cost))
             inside = [gathered.pop(other.offset + c) for other, c, _ in ahead if other.offset + c < end]
             blocks.append(delayed(merge_found)(graph.tree_reduce(chains, merge_found), delayed(concat_found)(*inside)))
@@ -125,16 +128,18 @@ def u_rows(part, start: int, stop: int, source, dtype) -> graph.Rows:
     return graph.Rows(features, terms, norms, pids, camids, index, np.zeros(0, np.uint64))
 
 
-def nearest_in_chunk(part, start: int, stop: int, rows: graph.Rows, source, dtype, k: int, before, gathered,
+def nearest_in_chunk(part, start: int, stop: int, rows: graph.Rows, source, dtype, k: int, before, gathered, bounds,
                      lo: int, hi: int):
     """The lists of the block's ``rows`` (``before``, or empty ones) and of the part's rows [start,
     stop) (``gathered``, or empty ones) with the pairs between them added: the block's rows from
     ``lo`` on, those in [lo, hi) (the chunk's own rows: their pairs both ways round in one GEMM) to
-    the block's lists only.  Lists: (keys (n, k, 2), farthest (n,), pairs settled)."""
+    the block's lists only, which need not settle what ``bounds`` (``limits``, or None) rules out.
+    Lists: (keys (n, k, 2), farthest (n,), pairs settled)."""
     keys, far, settled = empty_lists(len(rows.index), k) if before is None else copied(before)
+    cap, floor = (np.full(len(rows.index), np.inf), np.full(len(rows.index), -np.inf)) if bounds is None else bounds
     chunk = u_rows(part, start, stop, source, dtype)
     own, own_far, own_settled = empty_lists(stop - start, k) if gathered is None else copied(gathered)
-    bounds, dist, near, candidates = np.empty(k), np.empty(stop - start), np.empty(stop - start), \
+    heap, dist, near, candidates = np.empty(k), np.empty(stop - start), np.empty(stop - start), \
         np.empty(stop - start, dtype=np.int64)
     for first, last in ((lo, hi), (hi, len(rows.index))):
         for a in range(first, last, graph.QUERY_SUB_BLOCK):
@@ -142,9 +147,10 @@ def nearest_in_chunk(part, start: int, stop: int, rows: graph.Rows, source, dtyp
             dots = source.block(part, start, stop, rows, chunk, sub)
             terms = (rows.features[sub], chunk.features, rows.terms[sub], chunk.terms, rows.norms[sub], chunk.norms,
                      rows.index[sub], chunk.index, source.metric, source.c_dot, source.c_refine)
-            settled += nearest_update(dots, *terms, keys[sub], far[sub], bounds, dist, near, candidates)
+            settled += nearest_update(dots, *terms, keys[sub], far[sub], cap[sub], floor[sub], heap, dist, near,
+                                      candidates)
             if first == hi:
-                own_settled += nearest_columns(dots, *terms, own, own_far, bounds, *column_buffers(dots.shape))
+                own_settled += nearest_columns(dots, *terms, own, own_far, heap, *column_buffers(dots.shape))
     return (keys, far, settled), (own, own_far, own_settled)
 
 
@@ -161,6 +167,13 @@ def merge_found(a, b):
     return kernels.merge_smallest(a[0], b[0]), np.maximum(a[1], b[1]), a[2] + b[2]
 
 
+def limits(*lists) -> tuple:
+    """(cap, floor) of consecutive rows' lists: each row's k-th distance and farthest so far.  A
+    pair above a row's cap is not among its k nearest, nor one below its floor its farthest, so
+    its other lists need not settle them (ties with the cap are settled: the row decides them)."""
+    return np.concatenate([x[0][:, -1, 0] for x in lists]), np.concatenate([x[1] for x in lists])
+
+
 def concat_found(*lists):
     """Consecutive rows' lists as one."""
     return (np.concatenate([x[0] for x in lists]), np.concatenate([x[1] for x in lists]),
@@ -168,10 +181,12 @@ def concat_found(*lists):
 
 
 @nb.njit(nogil=True, cache=True)
-def nearest_update(dots, qf, gf, qa, ga, qn, gn, q_index, g_index, metric, c_dot, c_refine, keys, far, bounds, dist,
-                   near, candidates):
+def nearest_update(dots, qf, gf, qa, ga, qn, gn, q_index, g_index, metric, c_dot, c_refine, keys, far, cap, floor,
+                   bounds, dist, near, candidates):
     """Add a block's rows to each query row's list ``keys[i]`` (k smallest (distance, U row)) and
     exact farthest distance ``far[i]``; returns the pairs whose canonical distance was computed.
+    Pairs above ``cap[i]`` or below ``floor[i]`` (``limits``: other lists of the row) are not
+    settled unless they may be its farthest or among its k nearest.
 
     Per row, rounds on the rows the last one left open (``dist``, ``near``, ``candidates``: scratch):
 
@@ -192,14 +207,14 @@ def nearest_update(dots, qf, gf, qa, ga, qn, gn, q_index, g_index, metric, c_dot
     for i in range(dots.shape[0]):
         widest = kernels.distance_window(0.0, qn[i], gn_max, metric, c_dot)
         fast_distances(dots[i], qa[i], ga, metric, row)
-        lowest = far[i]
+        lowest = max(far[i], floor[i])
         if lowest == -np.inf and row.shape[0]:  # the row's first block
             lowest = row.max() - widest
-        n = screen(row, keys[i, k - 1, 0] + 2.0 * widest, lowest - 2.0 * widest, candidates)
+        n = screen(row, min(keys[i, k - 1, 0], cap[i]) + 2.0 * widest, lowest - 2.0 * widest, candidates)
         for c in range(n):
             near[c] = row[candidates[c]]
         settled += settle(qf, gf, i, candidates, near, n, qa[i], ga, qn[i], gn, q_index[i], g_index, metric, c_dot,
-                          c_refine, widest, lowest, keys[i], far, bounds)
+                          c_refine, widest, lowest, cap[i], floor[i], keys[i], far, bounds)
     return settled
 
 
@@ -280,17 +295,18 @@ def nearest_columns(dots, qf, gf, qa, ga, qn, gn, q_index, g_index, metric, c_do
                 near[c] = sorted_dist[start + c]
             if n:
                 settled += settle(gf, qf, j, candidates, near, n, ga[j], qa, gn[j], qn, g_index[j], q_index, metric,
-                                  c_dot, c_refine, widest[j], lowest[j], keys[j], far, bounds)
+                                  c_dot, c_refine, widest[j], lowest[j], np.inf, -np.inf, keys[j], far, bounds)
             start = at[j]
     return settled
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
 def settle(own_f, other_f, o, candidates, near, n, own_a, other_a, own_n, other_n, own_row, other_rows, metric, c_dot,
-           c_refine, widest, lowest, keys, far, bounds):
+           c_refine, widest, lowest, cap, floor, keys, far, bounds):
     """Rounds 2 to 4 of ``nearest_update`` for row o of ``own_f`` (U row ``own_row``, list ``keys``,
     farthest ``far[o]``) and its candidates, rows ``candidates[:n]`` of ``other_f`` at fast distances
-    ``near[:n]`` (screened against ``lowest``, the farthest bound, and ``widest``):
+    ``near[:n]`` (screened against ``lowest``, the farthest bound, and ``widest``), none above
+    ``cap`` or below ``floor`` (``nearest_update``) settled for the list or the farthest:
 
     2. with each pair's own window (``kernels.distance_window``): the k-th smallest upper bound U
        over the list and them (a max-heap), the largest lower bound F; rows whose lower bound is at
@@ -309,7 +325,7 @@ def settle(own_f, other_f, o, candidates, near, n, own_a, other_a, own_n, other_
         if d < bounds[0]:  # else its upper bound cannot lower the root
             kernels.push_bound(bounds, d + kernels.distance_window(d, own_n, other_n[candidates[c]], metric, c_dot))
         lowest = max(lowest, d - widest)
-    cut = bounds[0]
+    cut = min(bounds[0], cap)
     open_rows = 0
     for c in range(n):
         j = candidates[c]
@@ -321,14 +337,14 @@ def settle(own_f, other_f, o, candidates, near, n, own_a, other_a, own_n, other_
     kernels.refined_row_dots(own_f, other_f, o, candidates[:open_rows], refined)
     for m in range(k):
         bounds[m] = keys[k - 1 - m, 0]
-    lowest = far[o]
+    lowest = max(far[o], floor)
     for c in range(open_rows):
         j = candidates[c]
         refined[c] = kernels.pair_distance(refined[c], own_a, other_a[j], metric)
         w = kernels.distance_window(refined[c], own_n, other_n[j], metric, c_refine)
         kernels.push_bound(bounds, refined[c] + w)
         lowest = max(lowest, refined[c] - w)
-    cut = bounds[0]
+    cut = min(bounds[0], cap)
     settled = 0
     for c in range(open_rows):
         j = candidates[c]
