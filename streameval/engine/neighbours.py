@@ -68,17 +68,19 @@ def neighbour_pass(sets: tuple, k: int, metric: str, runner, dtype) -> Neighbour
             ahead = [(other, c, e) for other, c, e in chunks if other.offset + c >= first]
             earlier = [gathered[u0] for other, c, _ in ahead if (u0 := other.offset + c) < end and u0 in gathered]
             bounds = delayed(limits)(*earlier) if earlier else None
-            chains = [None] * max(1, min(plan.workers, len(ahead)))
+            chains = [(None, None)] * max(1, min(plan.workers, len(ahead)))
             for i, (other, c, e) in enumerate(ahead):
                 u0 = other.offset + c
                 lo, hi = (u0 - first, u0 - first + e - c) if u0 < end else (0, 0)  # the block's rows in the chunk
                 cost = graph.distance_work(other.fs, b - a - lo, c, e)
                 work += cost
-                chains[i % len(chains)], gathered[u0] = delayed(nearest_in_chunk, nout=2)(
-                    other, c, e, rows, source, dtype, k, chains[i % len(chains)], gathered.get(u0), bounds, lo, hi,
+                chains[i % len(chains)] = delayed(nearest_in_chunk, nout=2)(
+                    other, c, e, rows, source, dtype, k, *chains[i % len(chains)], gathered.get(u0), bounds, lo, hi,
                     dask_key_name=work_key("neighbours", cost))
+                gathered[u0] = chains[i % len(chains)][1]
             inside = [gathered.pop(other.offset + c) for other, c, _ in ahead if other.offset + c < end]
-            blocks.append(delayed(merge_found)(graph.tree_reduce(chains, merge_found), delayed(concat_found)(*inside)))
+            own = graph.tree_reduce([lists for lists, _ in chains], merge_found)
+            blocks.append(delayed(merge_found)(own, delayed(concat_found)(*inside)))
     runner.expect("neighbours", work)
     found = runner.compute(delayed(list)(blocks))
     keys = np.concatenate([keys for keys, _, _ in found])
@@ -128,13 +130,17 @@ def u_rows(part, start: int, stop: int, source, dtype) -> graph.Rows:
     return graph.Rows(features, terms, norms, pids, camids, index, np.zeros(0, np.uint64))
 
 
-def nearest_in_chunk(part, start: int, stop: int, rows: graph.Rows, source, dtype, k: int, before, gathered, bounds,
-                     lo: int, hi: int):
+def nearest_in_chunk(part, start: int, stop: int, rows: graph.Rows, source, dtype, k: int, before, handed, gathered,
+                     bounds, lo: int, hi: int):
     """The lists of the block's ``rows`` (``before``, or empty ones) and of the part's rows [start,
     stop) (``gathered``, or empty ones) with the pairs between them added: the block's rows from
     ``lo`` on, those in [lo, hi) (the chunk's own rows: their pairs both ways round in one GEMM) to
     the block's lists only, which need not settle what ``bounds`` (``limits``, or None) rules out.
-    Lists: (keys (n, k, 2), farthest (n,), pairs settled)."""
+    Lists: (keys (n, k, 2), farthest (n,), pairs settled).
+
+    ``handed``, the chunk lists of the task before in the chain, is not read: taking it makes Dask
+    take them out of that task's result at once, which frees its block lists; the block that reads
+    them runs much later, and would hold the whole result until then."""
     keys, far, settled = empty_lists(len(rows.index), k) if before is None else copied(before)
     cap, floor = (np.full(len(rows.index), np.inf), np.full(len(rows.index), -np.inf)) if bounds is None else bounds
     chunk = u_rows(part, start, stop, source, dtype)
