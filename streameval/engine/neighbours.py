@@ -245,8 +245,8 @@ def nearest_columns(dots, qf, gf, qa, ga, qn, gn, q_index, g_index, metric, c_do
     The same rounds, ``COLUMN_SLAB`` rows at a time: the slab's fast distances screened row by row
     against every column's limits (the lists as they stand: a loop over the row that vectorises),
     the pairs kept grouped by column (a counting sort: rows stay ascending), then ``settle`` per
-    column.  A column's first rows set its farthest bound from their largest fast distance, as a
-    row's first block does."""
+    column.  A column's first rows bound its farthest by their largest fast distance, as a row's
+    first block does, for every slab (the farthest the first slab settles may lie far below it)."""
     n_rows, n_cols = dots.shape
     if n_rows == 0 or n_cols == 0:
         return 0
@@ -272,7 +272,7 @@ def nearest_columns(dots, qf, gf, qa, ga, qn, gn, q_index, g_index, metric, c_do
     settled = 0
     for s0 in range(0, n_rows, slab):
         for j in range(n_cols):
-            lowest[j] = far[j] if far[j] != -np.inf else col_max[j] - widest[j]
+            lowest[j] = max(far[j], col_max[j] - widest[j])  # a first slab's far alone would let in every later pair
             below[j] = keys[j, k - 1, 0] + 2.0 * widest[j]
             above[j] = lowest[j] - 2.0 * widest[j]
         at[:] = 0
