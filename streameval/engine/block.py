@@ -34,6 +34,7 @@ from collections import namedtuple
 
 import numba as nb
 import numpy as np
+from numba.cpython.unsafe.numbers import trailing_zeros  # LLVM's cttz: undefined for 0, never given one
 
 from . import kernels, scratch
 
@@ -79,10 +80,24 @@ def row_distances(blk, i, out):
 # ~1e-15 of the magnitudes involved, the screen's own by as little; 1e-9 lets through a handful of
 # extra rows, never drops one.
 SCREEN_SLACK = 1e-9
+# The screen's test in the dot products' own precision rounds its bound and its terms (a few
+# rounding units of |a| + |b| ga each); it is loosened by this many units of that precision.
+SCREEN_ROUNDINGS = 8
 
 
 @_inline
-def _screen(blk, i, limit):
+def _screen(blk, i, limit, ga_max):
+    """(sign, a, b) in the dot products' dtype: a pair (i, j) whose fast distance is at most
+    ``limit`` has sign * dot >= a + b * ga[j] evaluated in that dtype (``ga[j]`` rounded to it, at
+    most ``ga_max``): the float64 bound (``_bound``) loosened by ``SCREEN_ROUNDINGS`` rounding units
+    of |a| + |b| ga_max, so a float32 block is screened at float32's width and never drops a pair."""
+    sign, a, b = _bound(blk, i, limit)
+    a -= SCREEN_ROUNDINGS * np.finfo(blk.dots.dtype).eps * (abs(a) + abs(b) * ga_max)
+    return blk.dots.dtype.type(sign), blk.dots.dtype.type(a), blk.dots.dtype.type(b)
+
+
+@_inline
+def _bound(blk, i, limit):
     """(sign, a, b): a pair (i, j) whose fast distance is at most ``limit`` has
     sign * dot >= a + b * ga[j].  The fast distance falls as the dot product grows (rises, for a
     stored distance): cosine 1 - dot / (qa ga) <= L iff dot >= (1 - L) qa ga; squared euclidean
@@ -101,12 +116,13 @@ def _screen(blk, i, limit):
 
 @_jit
 def screen_columns(blk):
-    """(kind, columns) for ``within``: the block's query rows grouped by what decides which gallery
-    rows they may count as negatives apart from the pid (camera index, trial bits): kind[i] is row
-    i's group, and columns[kind[i], j] is ``ga[j]``, or NaN where row j is never a negative of such
-    a query (junk, camera pair in x_any, no common trial).  Built once a block (a group per camera
-    and trial set present, usually a handful), so the screen reads one float per pair instead of
-    testing camera, junk and trials; a NaN fails every comparison."""
+    """(kind, columns, ga_max) for ``within``: the block's query rows grouped by what decides which
+    gallery rows they may count as negatives apart from the pid (camera index, trial bits): kind[i]
+    is row i's group, and columns[kind[i], j] is ``ga[j]`` (in the dot products' dtype), or NaN
+    where row j is never a negative of such a query (junk, camera pair in x_any, no common trial);
+    ga_max the largest ``ga``.  Built once a block (a group per camera and trial set present,
+    usually a handful), so the screen reads one float per pair instead of testing camera, junk and
+    trials; a NaN fails every comparison."""
     n_rows = blk.dots.shape[0]
     kind = np.empty(n_rows, dtype=np.int64)
     cix = np.zeros(n_rows, dtype=np.int64)  # of each group; zeroed: the search reads one past the last
@@ -120,28 +136,29 @@ def screen_columns(blk):
         bits[k] = blk.q_bits[i]
         n_kinds = max(n_kinds, k + 1)
         kind[i] = k
-    columns = np.empty((n_kinds, blk.dots.shape[1]), dtype=np.float64)
+    columns = np.empty((n_kinds, blk.dots.shape[1]), dtype=blk.dots.dtype)
     for k in range(n_kinds):
         dropped = blk.g_dropped[cix[k]]
         for j in range(columns.shape[1]):
             kept = (dropped[j] == 0) & ((blk.g_bits[j] & bits[k]) != 0)
             columns[k, j] = blk.ga[j] if kept else np.nan
-    return kind, columns
+    return kind, columns, blk.ga.max() if blk.ga.shape[0] else 0.0
 
 
 @_inline
 def within(blk, i, limit, screen, hit, cols):
     """cols[:n] = the kept negatives j (ascending) of query i whose fast distance may be at most
     ``limit``; returns n.  A screen of the dot products (``_screen``: a multiply-add and a compare a
-    pair, against the block's ``screen_columns``), in a loop that vectorises, into the mask ``hit``
+    pair in the dot products' precision, against the block's ``screen_columns``), in a loop that
+    vectorises (float32 lanes for a float32 block: twice as many as float64's), into the mask ``hit``
     (a ``mask`` buffer), then the pid test on the few rows that pass: every kept negative within the
     limit is listed, with at most a few just beyond it, so a caller decides each listed row exactly."""
     dots = blk.dots[i]
-    sign, a, b = _screen(blk, i, limit)
-    kind, columns = screen
+    kind, columns, ga_max = screen
+    sign, a, b = _screen(blk, i, limit, ga_max)
     kept_ga = columns[kind[i]]
     for j in range(dots.shape[0]):
-        hit[j] = sign * np.float64(dots[j]) >= a + b * kept_ga[j]  # False for a limit of -inf or NaN
+        hit[j] = sign * dots[j] >= a + b * kept_ga[j]  # False for a limit of -inf or NaN
     n = 0
     for k in range(compact(hit, cols)):  # rows of the query's pid: positives or excluded, never negatives
         cols[n] = cols[k]
@@ -159,15 +176,17 @@ def mask(n_cols):
 @_inline
 def compact(hit, cols):
     """cols[:n] = the positions of the nonzero bytes of ``hit`` (0 or 1, zero-padded to whole 8-byte
-    words), ascending; returns n.  Empty words are skipped, so a sparse mask costs a read of it.
-    ``cols`` may be as long as the unpadded mask: no position past it is written."""
+    words: ``mask``), ascending; returns n.  A word costs one step per set byte, found as its
+    lowest set bit (little-endian: byte b of a word is its bits 8b..8b+7), so a sparse mask costs a
+    read of it, and a dense one a step per hit rather than eight per word."""
     words = hit.view(np.uint64)
     n = 0
     for w in range(words.shape[0]):
-        if words[w] != 0:
-            for j in range(8 * w, min(8 * w + 8, cols.shape[0])):
-                cols[n] = j
-                n += hit[j]
+        bits = words[w]
+        while bits != 0:
+            cols[n] = 8 * w + (np.int64(trailing_zeros(bits)) >> 3)
+            n += 1
+            bits &= bits - np.uint64(1)
     return n
 
 

@@ -1,0 +1,83 @@
+"""The engine's shared pieces the statistics stand on: the screen (engine/block.py: ``within`` lists
+every kept negative of a query whose fast distance is at most a limit, in the dot products' own
+precision, float32 lanes for a float32 GEMM block loosened by its rounding units; ``compact`` turns
+its mask into positions), and the positives' order (by query, distance, gallery index)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streameval.engine import block, kernels
+from streameval.engine.state import Positives
+
+METRICS = ("cosine", "euclidean", "sqeuclidean")
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 300), density=st.sampled_from([0.0, 0.02, 0.3, 0.9, 1.0]), seed=st.integers(0, 2**32 - 1))
+def test_compact_lists_the_set_positions_in_order(n, density, seed):
+    hit = block.mask(n)
+    hit[:n] = np.random.default_rng(seed).random(n) < density
+    cols = np.full(n, -1, dtype=np.int64)  # as long as the unpadded mask: nothing may be written past it
+    found = block.compact(hit, cols)
+    np.testing.assert_array_equal(cols[:found], np.flatnonzero(hit))
+
+
+def features_block(qf: np.ndarray, gf: np.ndarray, metric: str, q_pid: np.ndarray, g_pid: np.ndarray):
+    """A Block of every query against every gallery row, no junk, cameras or trials to drop."""
+    code = kernels.METRIC_CODES[metric]
+    qa, ga = kernels.row_terms(qf, code), kernels.row_terms(gf, code)
+    qn, gn = (qa, ga) if code == kernels.COSINE else (np.sqrt(qa), np.sqrt(ga))
+    nq, ng = qf.shape[0], gf.shape[0]
+    empty_i, empty_f = np.zeros(1, np.int64), np.zeros(0)
+    return block.Block(
+        qf @ gf.T, np.zeros((0, 0)), qf, gf, qa, ga, qn, gn, code,
+        kernels.dot_error_bound(qf.shape[1], qf.dtype), kernels.dot_error_bound(qf.shape[1], np.float64),
+        q_pid, g_pid, np.zeros(nq, np.int64), np.zeros((1, ng), np.uint8), np.ones(nq, np.uint64),
+        np.ones(ng, np.uint64), 0, np.zeros(nq + 1, np.int64), empty_f, empty_i[:0], empty_f.astype(np.uint64))
+
+
+@settings(max_examples=40, deadline=None)
+@given(metric=st.sampled_from(METRICS), dtype=st.sampled_from([np.float32, np.float64]),
+       scale=st.sampled_from([1e-3, 1.0, 1e3]), seed=st.integers(0, 2**32 - 1))
+def test_the_screen_lists_every_kept_negative_at_most_the_limit(metric, dtype, scale, seed):
+    """Limits at rows' own fast distances (the screen's edge: a row at its limit must be listed),
+    duplicated gallery rows (ties at the edge), features at several scales; rows of the query's pid
+    are never listed; anything listed beyond the limit is within a hair of it."""
+    rng = np.random.default_rng(seed)
+    gf = (scale * rng.standard_normal((70, 16))).astype(dtype)
+    gf[35:] = gf[:35]
+    qf = (scale * rng.standard_normal((9, 16))).astype(dtype)
+    q_pid, g_pid = rng.integers(0, 4, 9), rng.integers(0, 4, 70)
+    blk = features_block(qf, gf, metric, q_pid, g_pid)
+    screen = block.screen_columns(blk)
+    hit, cols = block.mask(70), np.empty(70, dtype=np.int64)
+    for i in range(9):
+        fast = np.array([block.fast_distance(blk, i, j) for j in range(70)])
+        for limit in (*fast[rng.integers(0, 70, 4)], -np.inf, np.inf):
+            listed = cols[:block.within(blk, i, limit, screen, hit, cols)]
+            negative = g_pid != q_pid[i]
+            assert set(np.flatnonzero(negative & (fast <= limit))) <= set(listed)
+            assert negative[listed].all()
+            if np.isfinite(limit):
+                assert (fast[listed] <= limit + 1e-5 * (abs(limit) + scale * scale * 16)).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(n_queries=st.integers(1, 30), n_pairs=st.integers(0, 400), levels=st.sampled_from([1, 3, 1000]),
+       seed=st.integers(0, 2**32 - 1))
+def test_positives_are_sorted_by_query_then_distance_then_gallery_index(n_queries, n_pairs, levels, seed):
+    """As a lexsort of the three keys orders them; few distance levels make ties the index breaks."""
+    rng = np.random.default_rng(seed)
+    qrows = rng.integers(0, n_queries, n_pairs)
+    gidx = rng.permutation(3 * n_pairs)[:n_pairs].astype(np.int64)
+    dist = rng.integers(0, levels, n_pairs) / 7.0
+    bits = rng.integers(1, 4, n_pairs).astype(np.uint64)
+    got = Positives.from_pairs(n_queries, qrows, gidx, dist, bits, np.zeros((n_queries, 1), np.int64))
+    order = np.lexsort((gidx, dist, qrows))
+    np.testing.assert_array_equal(got.gidx, gidx[order])
+    np.testing.assert_array_equal(got.dist, dist[order])
+    np.testing.assert_array_equal(got.bits, bits[order])
+    np.testing.assert_array_equal(got.counts, np.bincount(qrows, minlength=n_queries))
