@@ -361,6 +361,30 @@ def positives_before(pos_d, pos_g, lo, hi, d, g):
     return lo - start
 
 
+@_jit
+def positives_order(n_queries, qrows, dist, gidx):
+    """The permutation that sorts positive pairs by (query, distance, gallery index): a counting
+    sort by query, then each query's pairs (tens, typically) by index and stably by distance.  A
+    lexsort of all pairs on three keys cost ~0.1 s for 10,000 queries x 50 positives, at the end
+    of the positives pass where nothing else runs."""
+    offsets = np.zeros(n_queries + 1, dtype=np.int64)
+    for k in range(qrows.shape[0]):
+        offsets[qrows[k] + 1] += 1
+    for q in range(n_queries):
+        offsets[q + 1] += offsets[q]
+    fill = offsets[:-1].copy()
+    order = np.empty(qrows.shape[0], dtype=np.int64)
+    for k in range(qrows.shape[0]):
+        order[fill[qrows[k]]] = k
+        fill[qrows[k]] += 1
+    for q in range(n_queries):
+        pairs = order[offsets[q]:offsets[q + 1]]
+        if pairs.shape[0] > 1:
+            by_index = pairs[np.argsort(gidx[pairs], kind="mergesort")]
+            pairs[:] = by_index[np.argsort(dist[by_index], kind="mergesort")]
+    return order
+
+
 NORM_NONE, NORM_AFFINE = 0, 1
 
 
