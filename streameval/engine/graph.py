@@ -28,7 +28,7 @@ O(workers) states are alive at once, however many chunks the gallery has.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from functools import reduce
 
 import numpy as np
@@ -47,6 +47,36 @@ from ..store import FeatureSet, read_ids, read_rows
 
 MERGE_FAN_IN = 8
 QUERY_SUB_BLOCK = 512  # query rows per GEMM inside a task: 512 x 4096 float32 dot products = 8 MiB
+
+
+def task(fn, *args, nout=None, **options):
+    """``delayed(fn, nout=nout)(*args, **options)``, with the arguments that are plain values of this
+    package (dataclass instances, and tuples of them: sets, parts, Scoring, Metadata, sources)
+    bound into the task's function.  Dask looks for Delayed values inside every argument of a call,
+    through dataclasses, lists and dicts: a FeatureSet's zarr arrays alone are ~4,000 objects, and
+    that search was ~40% of a small evaluation.  Such values never hold a Delayed: Delayed
+    arguments (and lists of them) are given to Dask as before."""
+    bound = {i: arg for i, arg in enumerate(args) if _plain(arg)}
+    given = [arg for i, arg in enumerate(args) if i not in bound]
+    return delayed(Bound(fn, bound) if bound else fn, nout=nout)(*given, **options)
+
+
+def _plain(arg) -> bool:
+    """A dataclass instance, or a non-empty tuple of them."""
+    if isinstance(arg, tuple):
+        return len(arg) > 0 and all(_plain(item) for item in arg)
+    return is_dataclass(arg) and not isinstance(arg, type)
+
+
+class Bound:
+    """``fn`` with the arguments at some positions bound (``task``); called with the others, in order."""
+
+    def __init__(self, fn, bound: dict):
+        self.fn, self.bound, self.__name__ = fn, bound, fn.__name__
+
+    def __call__(self, *given):
+        rest = iter(given)
+        return self.fn(*[self.bound[i] if i in self.bound else next(rest) for i in range(len(self.bound) + len(given))])
 
 
 @dataclass(frozen=True)
@@ -294,7 +324,7 @@ def block_size(rows) -> int:
 
 def load_queries(query: FeatureSet, rows, scoring: Scoring, meta, pass_name: str):
     """Delayed Rows of a query block, read as part of pass ``pass_name``."""
-    return delayed(load_rows)(query, rows, scoring, meta,
+    return task(load_rows, query, rows, scoring, meta,
                               dask_key_name=work_key(pass_name, read_work(rows_bytes(query, block_size(rows)))))
 
 
@@ -305,7 +335,7 @@ def positives_pass(query: FeatureSet, parts: tuple, plan: Plan, scoring: Scoring
     blocks = []
     for rows in query_blocks(plan, None, len(query)):
         queries = load_queries(query, rows, scoring, meta, "positives")
-        pairs = [delayed(find_positive_pairs)(part, a, b, queries, scoring, meta, own_start,
+        pairs = [task(find_positive_pairs, part, a, b, queries, scoring, meta, own_start,
                                               dask_key_name=work_key("positives", positives_work(part.fs, a, b)))
                  for part, a, b in chunks]
         blocks.append((queries, delayed(collect_positives)(block_size(rows), scoring.n_trials, *pairs)))
@@ -321,8 +351,8 @@ def range_pass(parts: tuple, plan: Plan, scoring: Scoring, meta, blocks, sizes: 
     for n_queries, (queries, _) in zip(sizes, blocks):
         chains = [None] * max(1, min(plan.workers, len(chunks)))
         for i, (part, a, b) in enumerate(chunks):
-            chains[i % len(chains)] = delayed(range_chunk)(
-                part, a, b, queries, scoring, meta, chains[i % len(chains)],
+            chains[i % len(chains)] = task(
+                range_chunk, part, a, b, queries, scoring, meta, chains[i % len(chains)],
                 dask_key_name=work_key("range", distance_work(part.fs, n_queries, a, b, RANGE_PAIR_OVERHEAD)))
         ends += chains
     return tree_reduce(ends + [delayed(positives_range)(positives, scoring.n_trials) for _, positives in blocks],
@@ -335,11 +365,11 @@ def scoring_pass(parts: tuple, plan: Plan, scoring: Scoring, n_queries: int, que
     chain of chunks per worker, the chains' states merged at the end."""
     chunks = [(part, a, min(b, stop - part.offset)) for part, a, b in gallery_chunks(plan, parts, start)
               if part.offset + a < stop]
-    aux = delayed(prepare)(scoring.statistics, meta, queries, positives)
+    aux = task(prepare, scoring.statistics, meta, queries, positives)
     chains = [None] * max(1, min(plan.workers, len(chunks)))
     for i, (part, a, b) in enumerate(chunks):
-        chains[i % len(chains)] = delayed(score_chunk)(
-            part, a, b, queries, positives, aux, scoring, run, chains[i % len(chains)],
+        chains[i % len(chains)] = task(
+            score_chunk, part, a, b, queries, positives, aux, scoring, run, chains[i % len(chains)],
             dask_key_name=work_key(pass_name, distance_work(part.fs, n_queries, a, b)),
         )
     return tree_reduce(chains, StatState.merge)

@@ -64,7 +64,7 @@ def neighbour_pass(sets: tuple, k: int, metric: str, runner, dtype) -> Neighbour
     for part in parts:
         for a, b in plan.query_ranges(len(part.fs)):
             first, end = part.offset + a, part.offset + b
-            rows = delayed(u_rows)(part, a, b, source, dtype)
+            rows = graph.task(u_rows, part, a, b, source, dtype)
             ahead = [(other, c, e) for other, c, e in chunks if other.offset + c >= first]
             earlier = [gathered[u0] for other, c, _ in ahead if (u0 := other.offset + c) < end and u0 in gathered]
             bounds = delayed(limits)(*earlier) if earlier else None
@@ -74,9 +74,9 @@ def neighbour_pass(sets: tuple, k: int, metric: str, runner, dtype) -> Neighbour
                 lo, hi = (u0 - first, u0 - first + e - c) if u0 < end else (0, 0)  # the block's rows in the chunk
                 cost = graph.distance_work(other.fs, b - a - lo, c, e)
                 work += cost
-                chains[i % len(chains)] = delayed(nearest_in_chunk, nout=2)(
-                    other, c, e, rows, source, dtype, k, *chains[i % len(chains)], gathered.get(u0), bounds, lo, hi,
-                    dask_key_name=work_key("neighbours", cost))
+                chains[i % len(chains)] = graph.task(
+                    nearest_in_chunk, other, c, e, rows, source, dtype, k, *chains[i % len(chains)], gathered.get(u0),
+                    bounds, lo, hi, nout=2, dask_key_name=work_key("neighbours", cost))
                 gathered[u0] = chains[i % len(chains)][1]
             inside = [gathered.pop(other.offset + c) for other, c, _ in ahead if other.offset + c < end]
             own = graph.tree_reduce([lists for lists, _ in chains], merge_found)
@@ -423,9 +423,9 @@ def pair_distances(sets: tuple, metric: str, dtype, first: np.ndarray, second: n
         for a, b in plan.query_ranges(len(part.fs)):
             lo, hi = np.searchsorted(first, [part.offset + a, part.offset + b])
             if lo < hi:
-                rows = delayed(u_rows)(part, a, b, source, dtype)
-                tasks.append(delayed(block_pair_distances)(sets, source, dtype, rows, first[lo:hi], second[lo:hi],
-                                                           runner.plan))
+                rows = graph.task(u_rows, part, a, b, source, dtype)
+                tasks.append(graph.task(block_pair_distances, sets, source, dtype, rows, first[lo:hi], second[lo:hi],
+                                        runner.plan))
     out = np.empty(first.shape[0])
     out[order] = np.concatenate(runner.compute(delayed(list)(tasks))) if tasks else np.empty(0)
     return out

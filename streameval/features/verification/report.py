@@ -95,9 +95,8 @@ def settle(store, settings, meta, runner, qrows: np.ndarray, grows: np.ndarray) 
 
     scoring = settings.scoring(store.dim, meta, runner.device)
     queries, at = np.unique(qrows, return_inverse=True)
-    loaded = delayed(graph.load_rows)(store.query, queries, scoring, meta,
-                                      dask_key_name=work_key("settling", read_work(graph.rows_bytes(store.query,
-                                                                                                    queries.size))))
+    loaded = graph.task(graph.load_rows, store.query, queries, scoring, meta,
+                        dask_key_name=work_key("settling", read_work(graph.rows_bytes(store.query, queries.size))))
     tasks, places = [], []
     for part in graph.gallery_parts(store.query, store.gallery, settings.protocol.gallery_includes_queries):
         inside = np.flatnonzero((grows >= part.offset) & (grows < part.offset + len(part.fs)))
@@ -106,9 +105,9 @@ def settle(store, settings, meta, runner, qrows: np.ndarray, grows: np.ndarray) 
         for chunk in np.unique(chunk_of):
             mine = np.flatnonzero(chunk_of == chunk)
             pick = np.flatnonzero(np.isin(where, mine))
-            tasks.append(delayed(_settled)(part, rows[mine], loaded, at[inside[pick]], where[pick] - mine[0], scoring,
-                                           meta, dask_key_name=work_key("settling", read_work(
-                                               graph.rows_bytes(part.fs, mine.size)))))
+            tasks.append(graph.task(_settled, part, rows[mine], loaded, at[inside[pick]], where[pick] - mine[0], scoring,
+                                    meta, dask_key_name=work_key("settling", read_work(
+                                        graph.rows_bytes(part.fs, mine.size)))))
             places.append(inside[pick])
     out = np.empty(qrows.shape[0])
     for place, values in zip(places, runner.compute(delayed(list)(tasks))):
