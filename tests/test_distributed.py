@@ -63,8 +63,8 @@ class ProcessCluster:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
         for process in [*self.workers, self.scheduler]:
-            try:
-                process.wait(timeout=15)
+            try:  # a worker whose scheduler or peer is gone may retry for long: nothing is left to keep
+                process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 process.kill()
 
