@@ -325,7 +325,7 @@ def block_size(rows) -> int:
 def load_queries(query: FeatureSet, rows, scoring: Scoring, meta, pass_name: str):
     """Delayed Rows of a query block, read as part of pass ``pass_name``."""
     return task(load_rows, query, rows, scoring, meta,
-                              dask_key_name=work_key(pass_name, read_work(rows_bytes(query, block_size(rows)))))
+                dask_key_name=work_key(pass_name, read_work(rows_bytes(query, block_size(rows)))))
 
 
 def positives_pass(query: FeatureSet, parts: tuple, plan: Plan, scoring: Scoring, meta, start: int = 0):
@@ -336,7 +336,7 @@ def positives_pass(query: FeatureSet, parts: tuple, plan: Plan, scoring: Scoring
     for rows in query_blocks(plan, None, len(query)):
         queries = load_queries(query, rows, scoring, meta, "positives")
         pairs = [task(find_positive_pairs, part, a, b, queries, scoring, meta, own_start,
-                                              dask_key_name=work_key("positives", positives_work(part.fs, a, b)))
+                      dask_key_name=work_key("positives", positives_work(part.fs, a, b)))
                  for part, a, b in chunks]
         blocks.append((queries, delayed(collect_positives)(block_size(rows), scoring.n_trials, *pairs)))
     return blocks
