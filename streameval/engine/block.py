@@ -178,7 +178,8 @@ def compact(hit, cols):
     """cols[:n] = the positions of the nonzero bytes of ``hit`` (0 or 1, zero-padded to whole 8-byte
     words: ``mask``), ascending; returns n.  A word costs one step per set byte, found as its
     lowest set bit (little-endian: byte b of a word is its bits 8b..8b+7), so a sparse mask costs a
-    read of it, and a dense one a step per hit rather than eight per word."""
+    read of it, and a dense one a step per hit rather than eight per word.  Only set positions are
+    written: ``cols`` may be as long as the unpadded mask."""
     words = hit.view(np.uint64)
     n = 0
     for w in range(words.shape[0]):

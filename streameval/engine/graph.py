@@ -18,6 +18,8 @@ passes over the new rows and over the old rows of a subset of the queries.
 
 Tasks receive the store's arrays (not data) and read their own gallery rows, so nothing but small
 states travels between workers; a query block and its positives are computed once and shared.
+A task whose arguments include the package's plain values (sets, parts, Scoring, Metadata) is made
+with ``task``, which keeps Dask from searching them for Delayed values.
 Tasks that read or score rows are named by ``progress.work_key``: their pass and their work
 (``positives_work``, ``distance_work``), so the progress bar advances with the work done; merges
 carry none.
