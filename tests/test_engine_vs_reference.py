@@ -9,6 +9,8 @@ numbers must match the reference to 1e-12 and be bit-identical across chunkings.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import uuid
 
@@ -20,6 +22,8 @@ from hypothesis.extra import numpy as hnp
 
 import streameval
 from streameval import open_store, write_store
+from streameval.engine import graph
+from streameval.engine.plan import GALLERY_SUB_BLOCK, PAIR_SCRATCH_BYTES, QUERY_SUB_BLOCK, make_plan
 
 from reference import reference_evaluate
 
@@ -318,3 +322,70 @@ def test_duplicate_rows_tie_by_gallery_index(precision, data):
         protocol=data.draw(st.sampled_from(["market", "none"])), junk_pids=junk, max_rank=10,
     )
     check_all_chunkings(problem, problem, options, data.draw(chunkings(nq, ng)))
+
+
+# --------------------------------------------------------------------------- sub-blocks inside a task
+
+
+@contextlib.contextmanager
+def sub_blocks_of(queries: int, rows: int):
+    """Tasks make their values QUERY_SUB_BLOCK x GALLERY_SUB_BLOCK at a time: made small here, so a
+    task of a small problem holds many sub-blocks (512 x 4096 by default: one)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(graph, "QUERY_SUB_BLOCK", queries)
+        patch.setattr(graph, "GALLERY_SUB_BLOCK", rows)
+        yield
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(st.data())
+def test_sub_blocks_of_a_task_match_reference(data):
+    """A task's query rows and gallery rows split into sub-blocks of any size: the reference's numbers
+    in every chunking, bit-identical to one sub-block a task."""
+    problem, options = data.draw(integer_problems())
+    nq, ng = len(problem["q_pids"]), len(problem["g_pids"])
+    plans = data.draw(chunkings(nq, ng))
+    with sub_blocks_of(data.draw(st.integers(1, 6)), data.draw(st.integers(1, 9))):
+        check_all_chunkings(problem, problem, options, plans)
+    one = streameval.evaluate(problem, query_block=plans[1][0], gallery_chunk=plans[1][1], **options)
+    with sub_blocks_of(3, 4):
+        assert_identical(streameval.evaluate(problem, query_block=plans[1][0], gallery_chunk=plans[1][1], **options), one)
+
+
+def test_sub_blocks_give_every_statistic_the_same_numbers():
+    """GOM, open-set, verification and their per-query arrays over sub-blocks of 3 x 5: the numbers
+    of one sub-block a task."""
+    rng = np.random.default_rng(7)
+    nq, ng = 23, 61
+    problem = dict(qf=rng.integers(-3, 4, (nq, 6)).astype(np.float32), q_pids=rng.integers(0, 9, nq),
+                   q_camids=rng.integers(0, 3, nq), gf=rng.integers(-3, 4, (ng, 6)).astype(np.float32),
+                   g_pids=rng.integers(0, 12, ng), g_camids=rng.integers(0, 3, ng))
+    problem["qf"][problem["qf"].sum(axis=1) == 0, 0] = 1  # no zero rows (cosine)
+    problem["gf"][~problem["gf"].any(axis=1), 0] = 1
+    options = dict(metric="euclidean", open_set=True, verification=True, gallery_chunk=17, query_block=9)
+    plain = streameval.evaluate(problem, **options).to_dict(per_query=True)
+    with sub_blocks_of(3, 5):
+        split = streameval.evaluate(problem, **options).to_dict(per_query=True)
+    plain.pop("run"), split.pop("run")
+    assert json.dumps(split, sort_keys=True, default=str) == json.dumps(plain, sort_keys=True, default=str)
+
+
+def test_a_planned_task_reads_whole_store_chunks_within_its_memory():
+    """The planned gallery chunk is a fraction of a store chunk where the budget sizes it so (a block
+    of every query x the chunk): a task then reads as many of them as its memory holds, up to the
+    store chunk and a task a worker's quarter of the gallery; an explicit chunk is read as given."""
+    shape = dict(n_query=10_000, n_gallery=100_000, dim=256, itemsize=4, stored_itemsize=2, store_chunk_rows=16384,
+                 workers=2)
+    plan = make_plan(**shape)
+    assert (plan.gallery_chunk, plan.read_chunk) == (4096, 8192)
+    assert plan.read_ranges(100_000)[:2] == [(0, 8192), (8192, 16384)]
+    assert make_plan(**shape, memory_budget=1 << 32).read_chunk == 8192  # a worker's quarter: 12,500 rows
+    assert make_plan(**shape, gallery_chunk=4096).read_chunk == 4096
+    def memory(rows: int) -> int:  # a sub-block's dot products and lists, and the rows read
+        return QUERY_SUB_BLOCK * min(rows, GALLERY_SUB_BLOCK) * (4 + PAIR_SCRATCH_BYTES) + rows * 256 * (4 + 2)
+
+    for budget in (1 << 26, 1 << 28, 1 << 30):  # the memory, then the balance binds
+        plan = make_plan(**shape, memory_budget=budget)
+        assert plan.read_chunk % plan.gallery_chunk == 0 and plan.read_chunk <= 16384
+        assert memory(plan.read_chunk) <= plan.task_bytes
+        assert memory(2 * plan.read_chunk) > plan.task_bytes or 2 * plan.read_chunk > 12_500

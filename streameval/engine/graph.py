@@ -38,17 +38,16 @@ from dask import delayed
 
 from . import kernels, scratch
 from .metadata import Metadata
-from .plan import Plan
+from .plan import GALLERY_SUB_BLOCK, QUERY_SUB_BLOCK, Plan
 from .ranges import DistanceRange, normalisations
 from ..core.progress import PAIR_OVERHEAD, RANGE_PAIR_OVERHEAD, pairs_work, read_work, work_key
-from ..protocols.rules import Rules, camera_table
+from ..protocols.rules import Rules, camera_codes, camera_table
 from .state import Positives
 from .statistic import StatState
 from .block import Block, dropped_columns, fill_distances
 from ..store import FeatureSet, read_ids, read_rows
 
 MERGE_FAN_IN = 8
-QUERY_SUB_BLOCK = 512  # query rows per GEMM inside a task: 512 x 4096 float32 dot products = 8 MiB
 
 
 def task(fn, *args, nout=None, **options):
@@ -125,6 +124,10 @@ class Rows:
     index: np.ndarray  # row numbers: query rows, or extended gallery rows
     bits: np.ndarray  # uint64 trial membership
 
+    def sub(self, rows: slice) -> "Rows":
+        """These rows' ``rows`` (views)."""
+        return Rows(*(getattr(self, name)[rows] for name in self.__dataclass_fields__))
+
 
 @dataclass(frozen=True)
 class Part:
@@ -140,12 +143,15 @@ def gallery_parts(query: FeatureSet, gallery: FeatureSet, includes_queries: bool
     return parts + (Part(query, len(gallery)),) if includes_queries else parts
 
 
-def gallery_chunks(plan: Plan, parts: tuple, start: int = 0) -> list:
-    """(part, first, stop) chunks of the extended gallery rows [start, end), in part-local rows."""
+def gallery_chunks(plan: Plan, parts: tuple, start: int = 0, reads: bool = False) -> list:
+    """(part, first, stop) chunks of the extended gallery rows [start, end), in part-local rows:
+    ``plan.gallery_ranges``, or with ``reads`` the ``plan.read_ranges`` of the passes that score a
+    query block."""
     chunks = []
     for part in parts:
         first = max(start - part.offset, 0)
-        chunks += [(part, a, b) for a, b in plan.gallery_ranges(len(part.fs), first) if a < b]
+        ranges = plan.read_ranges if reads else plan.gallery_ranges
+        chunks += [(part, a, b) for a, b in ranges(len(part.fs), first) if a < b]
     return chunks
 
 
@@ -225,10 +231,9 @@ def range_chunk(part: Part, start: int, stop: int, queries: Rows, scoring: Scori
     queries and the part's rows [start, stop)."""
     ranges = before or [DistanceRange(np.inf, -np.inf)] * scoring.n_trials
     chunk = load_rows(part.fs, slice(start, stop), scoring, meta, part)
-    for first in range(0, len(queries.pids), QUERY_SUB_BLOCK):
-        rows = slice(first, first + QUERY_SUB_BLOCK)
-        dots = scoring.source.block(part, start, stop, queries, chunk, rows)
-        ranges = _with_range(ranges, queries, rows, chunk, dots, scoring)
+    for rows, cols in sub_blocks(len(queries.pids), stop - start):
+        dots = scoring.source.block(part, start, stop, queries, chunk, rows, cols)
+        ranges = _with_range(ranges, queries, rows, chunk.sub(cols), dots, scoring)
     return ranges
 
 
@@ -266,31 +271,64 @@ def score_chunk(part: Part, start: int, stop: int, queries: Rows, positives: Pos
         state = StatState.empty(scoring.statistics, len(queries.pids), positives.dist.shape[0])
     else:  # a copy, so a task never changes its input (Dask may hold or re-use it)
         state = before.copy()
-    for rows, _, _, blk in _blocks(part, start, stop, queries, positives, scoring, run.meta):
+    for rows, blk in _blocks(part, start, stop, queries, positives, scoring, run.meta):
         _update(scoring.statistics, aux, blk, rows, state, run)
     return state
 
 
 def _blocks(part: Part, start: int, stop: int, queries: Rows, positives: Positives, scoring: Scoring, meta):
-    """(query row slice, values, the part's rows, Block) per QUERY_SUB_BLOCK query rows of the
+    """(query row slice, Block) per QUERY_SUB_BLOCK query rows and GALLERY_SUB_BLOCK rows of the
     part's rows [start, stop): a task's values are made a few MiB at a time, so the kernels read
-    them from cache and the task's memory does not grow with the query block."""
+    them from cache and the task's memory grows with neither the query block nor the rows it reads
+    (a task reads whole store chunks where it can: reading a part of one decodes all of it)."""
     chunk = load_rows(part.fs, slice(start, stop), scoring, meta, part)
-    junk = scoring.rules.junk_mask(chunk.pids)
     filled = any(stat.reads_distances for stat in scoring.statistics)
     source = scoring.source
-    for first in range(0, len(queries.pids), QUERY_SUB_BLOCK):
-        rows = slice(first, first + QUERY_SUB_BLOCK)
-        dots = source.block(part, start, stop, queries, chunk, rows)
+    gallery = dropped = None
+    for rows, cols in sub_blocks(len(queries.pids), stop - start):
+        if rows.start == 0:  # the next gallery rows
+            gallery = chunk.sub(cols)
+            dropped = _DroppedColumns(scoring.rules, gallery)
+        dots = source.block(part, start, stop, queries, chunk, rows, cols)
         dist = scratch.buffer("distances", np.float64, dots.shape if filled else (0, 0))
         if filled:
-            fill_distances(dots, queries.terms[rows], chunk.terms, scoring.metric, dist)
-        q_cix, g_cix, table = camera_table(scoring.rules.protocol.x_any, queries.camids[rows], chunk.camids)
-        yield rows, dots, chunk, Block(
-            dots, dist, source.exact(queries.features[rows], dots), chunk.features, queries.terms[rows],
-            chunk.terms, queries.norms[rows], chunk.norms, source.metric, source.c_dot, source.c_refine, queries.pids[rows],
-            chunk.pids, q_cix, dropped_columns(junk, g_cix, table), queries.bits[rows], chunk.bits, part.offset + start,
-            positives.offsets[rows.start:rows.stop + 1], positives.dist, positives.gidx, positives.bits)
+            fill_distances(dots, queries.terms[rows], gallery.terms, scoring.metric, dist)
+        q_cix, g_dropped = dropped.of(queries.camids[rows])
+        yield rows, Block(
+            dots, dist, source.exact(queries.features[rows], dots), gallery.features, queries.terms[rows],
+            gallery.terms, queries.norms[rows], gallery.norms, source.metric, source.c_dot, source.c_refine,
+            queries.pids[rows], gallery.pids, q_cix, g_dropped, queries.bits[rows], gallery.bits,
+            part.offset + start + cols.start, positives.offsets[rows.start:rows.stop + 1], positives.dist,
+            positives.gidx, positives.bits)
+
+
+def sub_blocks(n_queries: int, n_rows: int):
+    """(query rows, gallery rows) slices of a task's sub-blocks: QUERY_SUB_BLOCK x GALLERY_SUB_BLOCK
+    at most, the queries inner, so a sub-block's gallery rows stay in cache while the queries pass."""
+    for first_col in range(0, n_rows, GALLERY_SUB_BLOCK):
+        cols = slice(first_col, min(first_col + GALLERY_SUB_BLOCK, n_rows))
+        for first in range(0, n_queries, QUERY_SUB_BLOCK):
+            yield slice(first, first + QUERY_SUB_BLOCK), cols
+
+
+class _DroppedColumns:
+    """Block.g_dropped of a chunk for each query sub-block: the chunk's cameras and junk rows are
+    taken once, and a sub-block with the same query cameras as the last one (the usual case) takes
+    the same columns: made per sub-block, the camera sorts and the columns cost ~4% of a pass."""
+
+    def __init__(self, rules: Rules, chunk: Rows):
+        self.relation = rules.protocol.x_any
+        self.junk = rules.junk_mask(chunk.pids)
+        self.g_codes, self.g_cix = camera_codes(chunk.camids)
+        self.last = (None, None)
+
+    def of(self, q_cams: np.ndarray) -> tuple:
+        """(the sub-block's query camera index, Block.g_dropped)."""
+        q_codes, q_cix = camera_codes(q_cams)
+        if not np.array_equal(q_codes, self.last[0]):
+            table = camera_table(self.relation, q_codes, self.g_codes)
+            self.last = (q_codes, dropped_columns(self.junk, self.g_cix, table))
+        return q_cix, self.last[1]
 
 
 def _update(statistics: tuple, aux: tuple, blk, rows: slice, state: StatState, run: PassContext) -> None:
@@ -332,7 +370,7 @@ def load_queries(query: FeatureSet, rows, scoring: Scoring, meta, pass_name: str
 
 def positives_pass(query: FeatureSet, parts: tuple, plan: Plan, scoring: Scoring, meta, start: int = 0):
     """Per query block of all queries: (delayed Rows, delayed Positives in extended rows [start, end))."""
-    chunks = gallery_chunks(plan, parts, start)
+    chunks = gallery_chunks(plan, parts, start, reads=True)
     own_start = parts[1].offset if len(parts) > 1 else None
     blocks = []
     for rows in query_blocks(plan, None, len(query)):
@@ -348,7 +386,7 @@ def range_pass(parts: tuple, plan: Plan, scoring: Scoring, meta, blocks, sizes: 
     """The range pass over extended rows [start, end): per trial, the delayed DistanceRange of every
     pair of the blocks' queries (``positives_pass``), their positives' distances included.  Chains
     of chunks per worker, as the scoring pass: O(workers) ranges alive, not one per chunk."""
-    chunks = gallery_chunks(plan, parts, start)
+    chunks = gallery_chunks(plan, parts, start, reads=True)
     ends = []
     for n_queries, (queries, _) in zip(sizes, blocks):
         chains = [None] * max(1, min(plan.workers, len(chunks)))
@@ -365,7 +403,7 @@ def scoring_pass(parts: tuple, plan: Plan, scoring: Scoring, n_queries: int, que
                  start: int, stop: int, pass_name: str = "scoring"):
     """Delayed StatState of one block of ``n_queries`` queries over extended rows [start, stop): a
     chain of chunks per worker, the chains' states merged at the end."""
-    chunks = [(part, a, min(b, stop - part.offset)) for part, a, b in gallery_chunks(plan, parts, start)
+    chunks = [(part, a, min(b, stop - part.offset)) for part, a, b in gallery_chunks(plan, parts, start, reads=True)
               if part.offset + a < stop]
     aux = task(prepare, scoring.statistics, meta, queries, positives)
     chains = [None] * max(1, min(plan.workers, len(chunks)))
@@ -387,7 +425,7 @@ def scoring_work(query: FeatureSet, parts: tuple, plan: Plan, n_queries: int, st
 def positives_pass_work(query: FeatureSet, parts: tuple, plan: Plan, start: int = 0) -> int:
     """The work of ``positives_pass`` over extended rows [start, end): each query block read, and
     every chunk's positives task."""
-    chunk_work = sum(positives_work(part.fs, a, b) for part, a, b in gallery_chunks(plan, parts, start))
+    chunk_work = sum(positives_work(part.fs, a, b) for part, a, b in gallery_chunks(plan, parts, start, reads=True))
     return sum(read_work(rows_bytes(query, b - a)) + chunk_work for a, b in plan.query_ranges(len(query)))
 
 
@@ -433,6 +471,7 @@ def positives_pass_bytes(plan: Plan, parts: tuple, positives: Positives, start: 
     """What one query block's positives pass over extended rows [start, stop) read: every row's
     ids, and the features of the chunks holding one of the block's positives."""
     fs = parts[0].fs
-    chunks = np.unique((positives.gidx[positives.gidx >= start] - start) // plan.gallery_chunk)
-    feature_rows = int(np.minimum(plan.gallery_chunk, stop - start - chunks * plan.gallery_chunk).sum())
+    step = plan.task_rows
+    chunks = np.unique((positives.gidx[positives.gidx >= start] - start) // step)
+    feature_rows = int(np.minimum(step, stop - start - chunks * step).sum())
     return rows_bytes(fs, stop - start, features=False) + rows_bytes(fs, feature_rows)

@@ -22,6 +22,12 @@ DEFAULT_MEMORY_BUDGET = 1 << 30
 MIN_GALLERY_CHUNK = 256
 MIN_QUERY_BLOCK = 256  # fewer queries per task: the gallery is re-read for every handful of queries
 TASKS_PER_WORKER = 4  # enough tasks per thread that the last round leaves little idle time
+QUERY_SUB_BLOCK = 512  # query rows per GEMM inside a task: 512 x 4096 float32 dot products = 8 MiB
+GALLERY_SUB_BLOCK = 4096  # gallery rows per GEMM inside a task, however many rows the task reads
+# A sub-block's working memory per pair beyond its dot product: the statistics' lists of the
+# negatives within reach (query, column, slot: 3 int64), the float64 distances some statistics
+# read, re-ranking's float64 values (two arrays).
+PAIR_SCRATCH_BYTES = 48
 
 # Sizes as Dask reads them (dask.utils.parse_bytes): decimal kB, MB, GB, TB = 10^3, 10^6, ...; binary
 # KiB, MiB, GiB, TiB = 2^10, 2^20, ...; a plain number is bytes.  Case is ignored; a bare K, M or G
@@ -50,12 +56,22 @@ class Plan:
     gallery_chunk: int
     workers: int
     task_bytes: int = 0  # a task's working memory: its dot-product block and the gallery rows it reads
+    read_chunk: int = 0  # gallery rows a positives, range or scoring task reads (``read_chunk``; 0: gallery_chunk)
 
     def query_ranges(self, n_query: int):
         return _ranges(n_query, self.query_block)
 
     def gallery_ranges(self, n_gallery: int, start: int = 0):
         return [(a + start, b + start) for a, b in _ranges(n_gallery - start, self.gallery_chunk)]
+
+    @property
+    def task_rows(self) -> int:
+        """Gallery rows a task of the passes that score a query block reads."""
+        return self.read_chunk or self.gallery_chunk
+
+    def read_ranges(self, n_gallery: int, start: int = 0):
+        """``gallery_ranges`` of the passes that score a query block: ``task_rows`` rows a task."""
+        return [(a + start, b + start) for a, b in _ranges(n_gallery - start, self.task_rows)]
 
 
 def _ranges(n: int, step: int):
@@ -101,14 +117,36 @@ def make_plan(
     if query_block is None:
         # all queries in one block when a minimal chunk still fits: then the gallery is read once
         query_block = max(1, min(n_query, (share - MIN_GALLERY_CHUNK * row_bytes) // (MIN_GALLERY_CHUNK * itemsize)))
-    if gallery_chunk is None:
+    planned = gallery_chunk is None
+    if planned:
         fit = max(MIN_GALLERY_CHUNK, share // (query_block * itemsize + row_bytes))
         balanced = math.ceil(n_gallery / (TASKS_PER_WORKER * workers))
         gallery_chunk = _align(max(MIN_GALLERY_CHUNK, min(fit, balanced)), store_chunk_rows)
     query_block, gallery_chunk = int(min(query_block, n_query)), int(min(gallery_chunk, n_gallery))
-    plan = Plan(query_block, gallery_chunk, workers, query_block * gallery_chunk * itemsize + gallery_chunk * row_bytes)
+    task_bytes = query_block * gallery_chunk * itemsize + gallery_chunk * row_bytes
+    plan = Plan(query_block, gallery_chunk, workers, task_bytes,
+                read_chunk(query_block, gallery_chunk, itemsize, row_bytes, store_chunk_rows, balanced, task_bytes)
+                if planned else gallery_chunk)
     _check_task_memory(plan)
     return plan
+
+
+def read_chunk(query_block: int, gallery_chunk: int, itemsize: int, row_bytes: int, store_chunk_rows: int,
+               balanced: int, task_bytes: int) -> int:
+    """Gallery rows a task scoring a query block reads: ``gallery_chunk`` doubled while it stays
+    within a store chunk (reading part of one decodes all of it: ~4x the bytes at a quarter), the
+    balance between workers (``balanced`` rows a task) and the task's memory ``task_bytes``.  A task
+    makes its values a sub-block (QUERY_SUB_BLOCK x GALLERY_SUB_BLOCK) at a time, so its memory
+    grows with the rows it reads by their bytes only: task_bytes, sized for a block of
+    query_block x gallery_chunk dot products, holds more rows than that when query_block is large."""
+    def memory(rows: int) -> int:
+        sub_block = min(query_block, QUERY_SUB_BLOCK) * min(rows, GALLERY_SUB_BLOCK) * (itemsize + PAIR_SCRATCH_BYTES)
+        return sub_block + rows * row_bytes
+
+    rows = gallery_chunk
+    while 2 * rows <= min(store_chunk_rows, balanced) and memory(2 * rows) <= task_bytes:
+        rows *= 2
+    return rows
 
 
 def _check_task_memory(plan: Plan) -> None:

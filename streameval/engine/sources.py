@@ -2,10 +2,10 @@
 
 The passes (``graph``) ask a source, never how it makes them: ``prepare`` the float64 terms and
 norms of rows read for scoring (refusing rows it cannot score exactly); a ``block`` of values of
-(query rows, the part's rows [start, stop)), each within the window ``kernels.distance_window`` gives
-with the source's ``metric`` and ``c_dot`` (``c_refine`` after ``kernels.refined_dots``); what
-``kernels.canonical_distance`` reads to recompute a pair exactly (``exact``); and the exact distances
-of listed pairs (``pair_distances``).  ``FeatureSource`` makes the values by GEMMs of the features,
+(query rows, the part's rows [start, stop), or the columns ``cols`` of them), each within the
+window ``kernels.distance_window`` gives with the source's ``metric`` and ``c_dot`` (``c_refine``
+after ``kernels.refined_dots``); what ``kernels.canonical_distance`` reads to recompute a pair
+exactly (``exact``); and the exact distances of listed pairs (``pair_distances``).  ``FeatureSource`` makes the values by GEMMs of the features,
 ``StoredSource`` reads a distance store's.  Another source (distances re-ranked from a first-stage
 source) is another class with these members, chosen in ``block_source``; ``DeviceSource`` runs
 ``FeatureSource``'s GEMM on a device (``device``).
@@ -58,11 +58,11 @@ class FeatureSource:
                 "float64 (precision='float64')")
         return terms, norms
 
-    def block(self, part, start: int, stop: int, queries, chunk, rows: slice) -> np.ndarray:
+    def block(self, part, start: int, stop: int, queries, chunk, rows: slice, cols: slice = slice(None)) -> np.ndarray:
         """The GEMM, into this thread's scratch buffer (valid until the next block)."""
-        a = queries.features[rows]
-        out = scratch.buffer("dots", a.dtype, (a.shape[0], chunk.features.shape[0]))
-        return np.matmul(a, chunk.features.T, out=out)
+        a, b = queries.features[rows], chunk.features[cols]
+        out = scratch.buffer("dots", a.dtype, (a.shape[0], b.shape[0]))
+        return np.matmul(a, b.T, out=out)
 
     def exact(self, qf: np.ndarray, values: np.ndarray) -> np.ndarray:
         return qf
@@ -84,12 +84,12 @@ class DeviceSource(FeatureSource):
 
     device: str = devices.TORCH_CPU  # ``device.parse_device``'s name
 
-    def block(self, part, start: int, stop: int, queries, chunk, rows: slice) -> np.ndarray:
+    def block(self, part, start: int, stop: int, queries, chunk, rows: slice, cols: slice = slice(None)) -> np.ndarray:
         torch = devices.torch_module()
         where = devices.gemm_device(self.device, queries.features.dtype)
         on_device = functools.partial(resident, torch, where)
         a = scratch.kept("device-queries", queries.features, on_device)[rows]
-        b = scratch.kept("device-chunk", chunk.features, on_device)
+        b = scratch.kept("device-chunk", chunk.features, on_device)[cols]
         out = scratch.buffer("device-dots", queries.features.dtype, (a.shape[0], b.shape[0]),
                              devices.host_allocator(self.device))
         torch.from_numpy(out).copy_(torch.matmul(a, b.T))
@@ -114,8 +114,9 @@ class StoredSource:
         zeros = np.zeros(features.shape[0])
         return zeros, zeros
 
-    def block(self, part, start: int, stop: int, queries, chunk, rows: slice) -> np.ndarray:
-        return self.read(part, start, stop, queries.index[rows])
+    def block(self, part, start: int, stop: int, queries, chunk, rows: slice, cols: slice = slice(None)) -> np.ndarray:
+        first, last, _ = cols.indices(stop - start)
+        return self.read(part, start + first, start + last, queries.index[rows])
 
     def exact(self, qf: np.ndarray, values: np.ndarray) -> np.ndarray:
         return values

@@ -4,7 +4,7 @@ The protocol is a record (``protocols.record.Protocol``); this module applies it
 
 * ``Rules``: the record's junk pids, camera relations and restrictions as arrays and small tables.
   The kernels get a camera relation as a table over the cameras of a query block and a gallery
-  chunk (``camera_table``: one lookup per pair), never as a code path of its own.
+  chunk (``camera_codes``, ``camera_table``: one lookup per pair), never as a code path of its own.
 * ``positive_pairs``: the positives of a query block in a chunk (same pid, kept), and each query's
   excluded rows per trial (its "junk", which GOM returns at tau = 1).
 
@@ -39,15 +39,17 @@ def relation_matrix(relation, q_cams: np.ndarray, g_cams: np.ndarray) -> np.ndar
     return in_relation(relation, q_cams[:, None], g_cams[None, :])
 
 
-def camera_table(relation, q_cam: np.ndarray, g_cam: np.ndarray):
-    """(query camera index, gallery camera index, uint8 table): table[q_cix[i], g_cix[j]] = 1 when
-    the pair (q_cam[i], g_cam[j]) is in ``relation``."""
-    q_codes, q_cix = np.unique(q_cam, return_inverse=True)
-    g_codes, g_cix = np.unique(g_cam, return_inverse=True)
+def camera_codes(cams: np.ndarray) -> tuple:
+    """(the distinct cameras, sorted; each row's index among them as int64)."""
+    codes, cix = np.unique(cams, return_inverse=True)
+    return codes, cix.astype(np.int64)
+
+
+def camera_table(relation, q_codes: np.ndarray, g_codes: np.ndarray) -> np.ndarray:
+    """uint8 table over ``camera_codes``' cameras of a query block and a gallery chunk:
+    table[q, g] = 1 when the pair (q_codes[q], g_codes[g]) is in ``relation``."""
     table = relation_matrix(relation, q_codes, g_codes).astype(np.uint8)
-    if table.size == 0:
-        table = np.zeros((1, 1), dtype=np.uint8)
-    return q_cix.astype(np.int64), g_cix.astype(np.int64), table
+    return table if table.size else np.zeros((1, 1), dtype=np.uint8)
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,10 @@ class RerankedSource:
     def prepare(self, fs, rows, features: np.ndarray) -> tuple:
         return self.base.prepare(fs, rows, features)
 
-    def block(self, part, start: int, stop: int, queries, chunk, rows: slice) -> np.ndarray:
+    def block(self, part, start: int, stop: int, queries, chunk, rows: slice, cols: slice = slice(None)) -> np.ndarray:
         """The final values, into this thread's scratch buffer (valid until the next block)."""
+        first, last, _ = cols.indices(stop - start)
+        start, stop, chunk = start + first, start + last, chunk.sub(cols)
         qf = queries.features[rows]
         dots = np.matmul(qf, chunk.features.T, out=scratch.buffer("rerank dots", np.float64, (qf.shape[0], stop - start)))
         u0 = self.u_row(part, start)
