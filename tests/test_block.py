@@ -1,7 +1,8 @@
 """The engine's shared pieces the statistics stand on: the screen (engine/block.py: ``within`` lists
 every kept negative of a query whose fast distance is at most a limit, in the dot products' own
-precision, float32 lanes for a float32 GEMM block loosened by its rounding units; ``compact`` turns
-its mask into positions), and the positives' order (by query, distance, gallery index)."""
+precision, float32 lanes for a float32 GEMM block loosened by its rounding units, 64 columns a word
+of hit bits; ``compact`` turns the other screens' masks into positions), and the positives' order
+(by query, distance, gallery index)."""
 
 from __future__ import annotations
 
@@ -41,26 +42,28 @@ def features_block(qf: np.ndarray, gf: np.ndarray, metric: str, q_pid: np.ndarra
 
 @settings(max_examples=40, deadline=None)
 @given(metric=st.sampled_from(METRICS), dtype=st.sampled_from([np.float32, np.float64]),
-       scale=st.sampled_from([1e-3, 1.0, 1e3]), seed=st.integers(0, 2**32 - 1))
-def test_the_screen_lists_every_kept_negative_at_most_the_limit(metric, dtype, scale, seed):
+       scale=st.sampled_from([1e-3, 1.0, 1e3]), n_rows=st.sampled_from([2, 63, 64, 70, 128, 131]),
+       seed=st.integers(0, 2**32 - 1))
+def test_the_screen_lists_every_kept_negative_at_most_the_limit(metric, dtype, scale, n_rows, seed):
     """Limits at rows' own fast distances (the screen's edge: a row at its limit must be listed),
-    duplicated gallery rows (ties at the edge), features at several scales; rows of the query's pid
-    are never listed; anything listed beyond the limit is within a hair of it."""
+    duplicated gallery rows (ties at the edge), features at several scales, rows in whole words of
+    64 and past them; rows of the query's pid are never listed; anything listed beyond the limit is
+    within a hair of it; listed in ascending order."""
     rng = np.random.default_rng(seed)
-    gf = (scale * rng.standard_normal((70, 16))).astype(dtype)
-    gf[35:] = gf[:35]
+    gf = (scale * rng.standard_normal((n_rows, 16))).astype(dtype)
+    gf[n_rows // 2:2 * (n_rows // 2)] = gf[:n_rows // 2]
     qf = (scale * rng.standard_normal((9, 16))).astype(dtype)
-    q_pid, g_pid = rng.integers(0, 4, 9), rng.integers(0, 4, 70)
+    q_pid, g_pid = rng.integers(0, 4, 9), rng.integers(0, 4, n_rows)
     blk = features_block(qf, gf, metric, q_pid, g_pid)
     screen = block.screen_columns(blk)
-    hit, cols = block.mask(70), np.empty(70, dtype=np.int64)
+    cols = np.empty(n_rows, dtype=np.int64)
     for i in range(9):
-        fast = np.array([block.fast_distance(blk, i, j) for j in range(70)])
-        for limit in (*fast[rng.integers(0, 70, 4)], -np.inf, np.inf):
-            listed = cols[:block.within(blk, i, limit, screen, hit, cols)]
+        fast = np.array([block.fast_distance(blk, i, j) for j in range(n_rows)])
+        for limit in (*fast[rng.integers(0, n_rows, 4)], -np.inf, np.inf):
+            listed = cols[:block.within(blk, i, limit, screen, cols)]
             negative = g_pid != q_pid[i]
             assert set(np.flatnonzero(negative & (fast <= limit))) <= set(listed)
-            assert negative[listed].all()
+            assert negative[listed].all() and (np.diff(listed) > 0).all()
             if np.isfinite(limit):
                 assert (fast[listed] <= limit + 1e-5 * (abs(limit) + scale * scale * 16)).all()
 

@@ -145,24 +145,40 @@ def screen_columns(blk):
     return kind, columns, blk.ga.max() if blk.ga.shape[0] else 0.0
 
 
+SCREEN_WORD = 64  # columns screened into one 64-bit word of hits
+
+
 @_inline
-def within(blk, i, limit, screen, hit, cols):
+def within(blk, i, limit, screen, cols):
     """cols[:n] = the kept negatives j (ascending) of query i whose fast distance may be at most
-    ``limit``; returns n.  A screen of the dot products (``_screen``: a multiply-add and a compare a
-    pair in the dot products' precision, against the block's ``screen_columns``), in a loop that
-    vectorises (float32 lanes for a float32 block: twice as many as float64's), into the mask ``hit``
-    (a ``mask`` buffer), then the pid test on the few rows that pass: every kept negative within the
-    limit is listed, with at most a few just beyond it, so a caller decides each listed row exactly."""
+    ``limit``; returns n (``cols``: as long as the block's rows).  A screen of the dot products
+    (``_screen``: a multiply-add and a compare a pair in the dot products' precision, against the
+    block's ``screen_columns``), 64 columns at a time into a word of hit bits (a loop that
+    vectorises: float32 lanes for a float32 block), whose set bits are listed lowest first, each
+    with the pid test (a row of the query's pid is a positive or excluded, never a negative).  Every
+    kept negative within the limit is listed, with at most a few just beyond it, so a caller
+    decides each listed row exactly.  A byte mask compacted after the scan cost a third more on
+    corrupted features (~3% of pairs within reach)."""
     dots = blk.dots[i]
     kind, columns, ga_max = screen
     sign, a, b = _screen(blk, i, limit, ga_max)
     kept_ga = columns[kind[i]]
-    for j in range(dots.shape[0]):
-        hit[j] = sign * dots[j] >= a + b * kept_ga[j]  # False for a limit of -inf or NaN
+    q_pid = blk.q_pid[i]
+    n_cols = dots.shape[0]
+    words = n_cols - n_cols % SCREEN_WORD
     n = 0
-    for k in range(compact(hit, cols)):  # rows of the query's pid: positives or excluded, never negatives
-        cols[n] = cols[k]
-        n += blk.g_pid[cols[k]] != blk.q_pid[i]
+    for first in range(0, words, SCREEN_WORD):
+        hits = np.uint64(0)
+        for t in range(SCREEN_WORD):  # a constant count: the loop vectorises (False for a limit of -inf or NaN)
+            hits |= np.uint64(sign * dots[first + t] >= a + b * kept_ga[first + t]) << np.uint64(t)
+        while hits != 0:
+            j = first + np.int64(trailing_zeros(hits))
+            cols[n] = j
+            n += blk.g_pid[j] != q_pid
+            hits &= hits - np.uint64(1)
+    for j in range(words, n_cols):  # the last columns, fewer than a word
+        cols[n] = j
+        n += (sign * dots[j] >= a + b * kept_ga[j]) & (blk.g_pid[j] != q_pid)
     return n
 
 
@@ -294,13 +310,12 @@ def slotted_negatives(blk, limits, qi, gj, slot):
     window, the canonical distance, so each row's features come from memory once for all its
     queries, not once per query between scans of the block (corrupted features, whose last
     positives rank ~2,000 rows deep, need ~20,000 a block: ~4 us each when read in scan order)."""
-    hit = mask(blk.dots.shape[1])
-    cols = np.empty(hit.shape[0], dtype=np.int64)
+    cols = np.empty(blk.dots.shape[1], dtype=np.int64)
     table = np.empty(MAX_BUCKETS + 2, dtype=np.int64)
     screen = screen_columns(blk)
     n = 0
     for i in range(blk.dots.shape[0]):
-        n = _row_slots(blk, i, within(blk, i, limits[i], screen, hit, cols), cols, table, n, qi, gj, slot)
+        n = _row_slots(blk, i, within(blk, i, limits[i], screen, cols), cols, table, n, qi, gj, slot)
     pending = np.flatnonzero(slot[:n] < 0)
     pending = pending[np.argsort(gj[pending], kind="mergesort")]
     if blk.metric != kernels.PRECOMPUTED:  # a stored distance is exact: nothing is left pending

@@ -25,7 +25,7 @@ import numpy as np
 
 from ...protocols.draws import GAMMA, SGS_DRAW_TAG, hash_words, mix_words
 from ...engine.statistic import Field, Statistic
-from ...engine.block import (before_key, mask, negatives_buffers, reach, screen_columns, slotted_negatives, widest,
+from ...engine.block import (before_key, negatives_buffers, reach, screen_columns, slotted_negatives, widest,
                              within)
 
 _jit = nb.njit(nogil=True, cache=True)
@@ -54,15 +54,14 @@ def update_sampled(blk, g_identity, draws, counts):
     identity j's draw for (i, r) when its ordinal among j's kept rows for the query's camera class
     equals H(seed; 1, r, query row, pid) mod n_j(q)."""
     repeats = counts.shape[1]
-    hit = mask(blk.dots.shape[1])
-    cols = np.empty(hit.shape[0], dtype=np.int64)
+    cols = np.empty(blk.dots.shape[1], dtype=np.int64)
     gn_max = widest(blk)
     screen = screen_columns(blk)
     for i in range(blk.dots.shape[0]):
         if blk.pos_off[i + 1] == blk.pos_off[i]:
             continue
         c = draws.q_class[i]
-        for k in range(within(blk, i, reach(blk, i, draws.key_d[i].max(), gn_max), screen, hit, cols)):
+        for k in range(within(blk, i, reach(blk, i, draws.key_d[i].max(), gn_max), screen, cols)):
             j = cols[k]  # a kept negative: one of its identity's kept rows
             lo = draws.class_start[c] + draws.starts[c, g_identity[j]]
             n = draws.counts[c, g_identity[j]]
