@@ -189,7 +189,10 @@ def find_positive_pairs(part: Part, start: int, stop: int, queries: Rows, scorin
         queries.pids, queries.camids, queries.index, queries.bits, g_pid, g_cam, g_bits, part.offset + start, own_start)
     if qrows.size == 0:
         return qrows, grows, np.empty(0, dtype=np.float64), bits, junk
-    order = np.lexsort((qrows, grows, g_pid[grows]))  # an identity at a time (``pair_distances``)
+    # an identity at a time (each query row read from cache for all its gallery rows): the pairs come
+    # by (gallery row, query row), so a stable sort by pid orders them by (pid, gallery row, query
+    # row), as a lexsort of the three keys would at five times the cost
+    order = np.argsort(g_pid[grows], kind="stable")
     dist = np.empty(qrows.shape[0], dtype=np.float64)
     dist[order] = scoring.source.pair_distances(part, start, stop, queries, qrows[order], grows[order])
     return qrows, grows + part.offset + start, dist, bits, junk

@@ -81,7 +81,8 @@ class Rules:
 
         ``q_index``: the block's query rows; ``g_start``: the chunk's first extended row;
         ``own_start``: the extended row of query 0's copy (None when queries are not included).
-        Returns (query positions in the block, extended gallery rows, bits, excluded counts).
+        Returns (query positions in the block, chunk positions, bits, excluded counts), the pairs
+        ordered by (chunk position, query position).
         """
         p, n_trials = self.protocol, self.n_trials
         junk = self.junk_mask(g_pid).astype(bool)
@@ -107,7 +108,8 @@ def _in_trials(bits: np.ndarray, n_trials: int) -> np.ndarray:
 
 
 def _same_pid_pairs(q_pid: np.ndarray, g_pid: np.ndarray, candidates: np.ndarray):
-    """(query positions, gallery positions) of every pair with equal pids among ``candidates`` rows."""
+    """(query positions, gallery positions) of every pair with equal pids among ``candidates`` rows,
+    ordered by (gallery position, query position)."""
     order = np.argsort(q_pid, kind="stable")
     sorted_pids = q_pid[order]
     rows = np.flatnonzero(candidates & np.isin(g_pid, sorted_pids))
