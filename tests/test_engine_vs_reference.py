@@ -22,7 +22,7 @@ from hypothesis.extra import numpy as hnp
 
 import streameval
 from streameval import open_store, write_store
-from streameval.engine import graph
+from streameval.engine import graph, plan
 from streameval.engine.plan import GALLERY_SUB_BLOCK, PAIR_SCRATCH_BYTES, QUERY_SUB_BLOCK, make_plan
 
 from reference import reference_evaluate
@@ -332,8 +332,9 @@ def sub_blocks_of(queries: int, rows: int):
     """Tasks make their values QUERY_SUB_BLOCK x GALLERY_SUB_BLOCK at a time: made small here, so a
     task of a small problem holds many sub-blocks (512 x 4096 by default: one)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(graph, "QUERY_SUB_BLOCK", queries)
-        patch.setattr(graph, "GALLERY_SUB_BLOCK", rows)
+        for module in (graph, plan):  # the passes' and the plan's (``plan.read_chunk``)
+            patch.setattr(module, "QUERY_SUB_BLOCK", queries)
+            patch.setattr(module, "GALLERY_SUB_BLOCK", rows)
         yield
 
 
@@ -376,16 +377,39 @@ def test_a_planned_task_reads_whole_store_chunks_within_its_memory():
     store chunk and a task a worker's quarter of the gallery; an explicit chunk is read as given."""
     shape = dict(n_query=10_000, n_gallery=100_000, dim=256, itemsize=4, stored_itemsize=2, store_chunk_rows=16384,
                  workers=2)
-    plan = make_plan(**shape)
-    assert (plan.gallery_chunk, plan.read_chunk) == (4096, 8192)
-    assert plan.read_ranges(100_000)[:2] == [(0, 8192), (8192, 16384)]
+    planned = make_plan(**shape)
+    assert (planned.gallery_chunk, planned.read_chunk) == (4096, 8192)
+    assert planned.read_ranges(100_000)[:2] == [(0, 8192), (8192, 16384)]
     assert make_plan(**shape, memory_budget=1 << 32).read_chunk == 8192  # a worker's quarter: 12,500 rows
     assert make_plan(**shape, gallery_chunk=4096).read_chunk == 4096
     def memory(rows: int) -> int:  # a sub-block's dot products and lists, and the rows read
         return QUERY_SUB_BLOCK * min(rows, GALLERY_SUB_BLOCK) * (4 + PAIR_SCRATCH_BYTES) + rows * 256 * (4 + 2)
 
     for budget in (1 << 26, 1 << 28, 1 << 30):  # the memory, then the balance binds
-        plan = make_plan(**shape, memory_budget=budget)
-        assert plan.read_chunk % plan.gallery_chunk == 0 and plan.read_chunk <= 16384
-        assert memory(plan.read_chunk) <= plan.task_bytes
-        assert memory(2 * plan.read_chunk) > plan.task_bytes or 2 * plan.read_chunk > 12_500
+        planned = make_plan(**shape, memory_budget=budget)
+        assert planned.read_chunk % planned.gallery_chunk == 0 and planned.read_chunk <= 16384
+        assert memory(planned.read_chunk) <= planned.task_bytes
+        assert memory(2 * planned.read_chunk) > planned.task_bytes or 2 * planned.read_chunk > 12_500
+
+
+def test_a_planned_task_reading_several_chunks_matches_reference(tmp_path):
+    """A store chunk of 1,024 rows, a budget that plans 256-row gallery chunks, small sub-blocks: each
+    task reads 512 rows (``plan.read_chunk``); the reference's numbers, as with chunks read as given."""
+    rng = np.random.default_rng(11)
+    nq, ng, dim = 30, 4096, 4
+    problem = dict(qf=rng.integers(-3, 4, (nq, dim)).astype(np.float32), q_pids=rng.integers(0, 25, nq),
+                   q_camids=rng.integers(0, 6, nq), gf=rng.integers(-3, 4, (ng, dim)).astype(np.float32),
+                   g_pids=rng.integers(0, 25, ng), g_camids=rng.integers(0, 6, ng))
+    path = tmp_path / "chunked.zarr"
+    write_store(path, problem["qf"], problem["q_pids"], problem["q_camids"], problem["gf"], problem["g_pids"],
+                problem["g_camids"], chunk_rows=1024)
+    options = dict(metric="sqeuclidean", protocol="market", junk_pids=(-1,), max_rank=20)
+    budget = 182_000  # ~300 rows a chunk fit (aligned down to 256); a worker's quarter is 512 rows
+    with sub_blocks_of(3, 4):
+        planned = make_plan(nq, ng, dim, 4, 4, 1024, 2, budget)
+        assert (planned.gallery_chunk, planned.read_chunk) == (256, 512)
+        result = streameval.evaluate(str(path), memory_budget=budget, workers=2, no_gom=True, **options)
+        given = streameval.evaluate(str(path), memory_budget=budget, workers=2, no_gom=True, gallery_chunk=256,
+                                    **options)
+    assert_matches_reference(result, reference_for(problem, options), options["max_rank"])
+    assert_identical(result, given)
