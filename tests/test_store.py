@@ -469,3 +469,19 @@ def test_interrupted_append_leaves_the_store_as_it_was(tmp_path):
     store = append_gallery(path, extra[:3], np.full(3, 5), np.zeros(3, np.int64))
     assert len(store.gallery) == n + 3 and store.gallery.features.shape[0] == n + 3
     np.testing.assert_array_equal(store.gallery.pids[n:n + 3], [5, 5, 5])
+
+
+@pytest.mark.parametrize("row_length", [1, 7, 256])
+def test_float16_features_upcast_to_the_float32_numpy_gives(row_length):
+    """Every finite float16 value and both infinities (subnormals, -0.0 and the largest included), in
+    rows of several lengths whose count crosses the conversion's row slices: bit for bit numpy's own
+    float16 -> float32 conversion (the fast path goes through float64); float64 as asked."""
+    from streameval.store.reading import upcast
+
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    values = every[~np.isnan(every)]
+    values = values[:values.size - values.size % row_length].reshape(-1, row_length)
+    converted = upcast(values, np.float32)
+    assert converted.dtype == np.float32 and converted.flags.c_contiguous
+    np.testing.assert_array_equal(converted.view(np.uint32), values.astype(np.float32).view(np.uint32))
+    np.testing.assert_array_equal(upcast(values, np.float64), values.astype(np.float64))

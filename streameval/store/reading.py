@@ -154,7 +154,22 @@ def read_rows(fs: FeatureSet, rows, dtype) -> tuple[np.ndarray, np.ndarray, np.n
 def read_features(fs: FeatureSet, rows, dtype) -> np.ndarray:
     """``read_rows``' features alone: a pass that has the rows' ids already spares their reads
     (each a call into zarr, ~1 ms: as much as upcasting 4,096 rows of 256 features)."""
-    return np.ascontiguousarray(read_field(fs, "features", rows), dtype=dtype)
+    return upcast(read_field(fs, "features", rows), dtype)
+
+
+UPCAST_ROWS = 256  # rows converted at a time through float64 (a temporary of 2 MiB at D = 1,024)
+
+
+def upcast(values: np.ndarray, dtype) -> np.ndarray:
+    """``values`` as a C-contiguous array of ``dtype``.  numpy converts float16 to float32 an element
+    at a time, and to float64 in a loop twice as fast (2.9 against 1.6 ms for 8,192 x 256 values);
+    both conversions are exact, so float16 goes to float32 through float64, a few rows at a time."""
+    if values.dtype != np.float16 or np.dtype(dtype) != np.float32:
+        return np.ascontiguousarray(values, dtype=dtype)
+    out = np.empty(values.shape, dtype=np.float32)
+    for first in range(0, values.shape[0], UPCAST_ROWS):
+        out[first:first + UPCAST_ROWS] = values[first:first + UPCAST_ROWS].astype(np.float64)
+    return out
 
 
 def read_ids(fs: FeatureSet, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
