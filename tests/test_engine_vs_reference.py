@@ -348,9 +348,10 @@ def test_sub_blocks_of_a_task_match_reference(data):
     plans = data.draw(chunkings(nq, ng))
     with sub_blocks_of(data.draw(st.integers(1, 6)), data.draw(st.integers(1, 9))):
         check_all_chunkings(problem, problem, options, plans)
-    one = streameval.evaluate(problem, query_block=plans[1][0], gallery_chunk=plans[1][1], **options)
+    chunking = dict(query_block=plans[1][0], gallery_chunk=plans[1][1])
+    one = streameval.evaluate(problem, **chunking, **options)
     with sub_blocks_of(3, 4):
-        assert_identical(streameval.evaluate(problem, query_block=plans[1][0], gallery_chunk=plans[1][1], **options), one)
+        assert_identical(streameval.evaluate(problem, **chunking, **options), one)
 
 
 def test_sub_blocks_give_every_statistic_the_same_numbers():

@@ -151,7 +151,7 @@ SCREEN_WORD = 64  # columns screened into one 64-bit word of hits
 @_inline
 def within(blk, i, limit, screen, cols):
     """cols[:n] = the kept negatives j (ascending) of query i whose fast distance may be at most
-    ``limit``; returns n (``cols``: as long as the block's rows).  A screen of the dot products
+    ``limit``; returns n (``cols``: an entry per column of the block).  A screen of the dot products
     (``_screen``: a multiply-add and a compare a pair in the dot products' precision, against the
     block's ``screen_columns``), 64 columns at a time into a word of hit bits (a loop that
     vectorises: float32 lanes for a float32 block), whose set bits are listed lowest first, each

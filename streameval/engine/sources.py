@@ -5,10 +5,11 @@ norms of rows read for scoring (refusing rows it cannot score exactly); a ``bloc
 (query rows, the part's rows [start, stop), or the columns ``cols`` of them), each within the
 window ``kernels.distance_window`` gives with the source's ``metric`` and ``c_dot`` (``c_refine``
 after ``kernels.refined_dots``); what ``kernels.canonical_distance`` reads to recompute a pair
-exactly (``exact``); and the exact distances of listed pairs (``pair_distances``).  ``FeatureSource`` makes the values by GEMMs of the features,
-``StoredSource`` reads a distance store's.  Another source (distances re-ranked from a first-stage
-source) is another class with these members, chosen in ``block_source``; ``DeviceSource`` runs
-``FeatureSource``'s GEMM on a device (``device``).
+exactly (``exact``); and the exact distances of listed pairs (``pair_distances``).
+``FeatureSource`` makes the values by GEMMs of the features, ``StoredSource`` reads a distance
+store's.  Another source (distances re-ranked from a first-stage source) is another class with
+these members, chosen in ``block_source``; ``DeviceSource`` runs ``FeatureSource``'s GEMM on a
+device (``device``).
 """
 
 from __future__ import annotations
