@@ -287,31 +287,35 @@ def _blocks(part: Part, start: int, stop: int, queries: Rows, positives: Positiv
     chunk = load_rows(part.fs, slice(start, stop), scoring, meta, part)
     filled = any(stat.reads_distances for stat in scoring.statistics)
     source = scoring.source
-    gallery = dropped = None
-    for rows, cols in sub_blocks(len(queries.pids), stop - start):
-        if rows.start == 0:  # the next gallery rows
-            gallery = chunk.sub(cols)
-            dropped = _DroppedColumns(scoring.rules, gallery)
-        dots = source.block(part, start, stop, queries, chunk, rows, cols)
-        dist = scratch.buffer("distances", np.float64, dots.shape if filled else (0, 0))
-        if filled:
-            fill_distances(dots, queries.terms[rows], gallery.terms, scoring.metric, dist)
-        q_cix, g_dropped = dropped.of(queries.camids[rows])
-        yield rows, Block(
-            dots, dist, source.exact(queries.features[rows], dots), gallery.features, queries.terms[rows],
-            gallery.terms, queries.norms[rows], gallery.norms, source.metric, source.c_dot, source.c_refine,
-            queries.pids[rows], gallery.pids, q_cix, g_dropped, queries.bits[rows], gallery.bits,
-            part.offset + start + cols.start, positives.offsets[rows.start:rows.stop + 1], positives.dist,
-            positives.gidx, positives.bits)
+    for cols in _slices(stop - start, GALLERY_SUB_BLOCK):
+        gallery = chunk.sub(cols)
+        dropped = _DroppedColumns(scoring.rules, gallery)
+        for rows in _slices(len(queries.pids), QUERY_SUB_BLOCK):
+            dots = source.block(part, start, stop, queries, chunk, rows, cols)
+            dist = scratch.buffer("distances", np.float64, dots.shape if filled else (0, 0))
+            if filled:
+                fill_distances(dots, queries.terms[rows], gallery.terms, scoring.metric, dist)
+            q_cix, g_dropped = dropped.of(queries.camids[rows])
+            yield rows, Block(
+                dots, dist, source.exact(queries.features[rows], dots), gallery.features, queries.terms[rows],
+                gallery.terms, queries.norms[rows], gallery.norms, source.metric, source.c_dot, source.c_refine,
+                queries.pids[rows], gallery.pids, q_cix, g_dropped, queries.bits[rows], gallery.bits,
+                part.offset + start + cols.start, positives.offsets[rows.start:rows.stop + 1], positives.dist,
+                positives.gidx, positives.bits)
 
 
 def sub_blocks(n_queries: int, n_rows: int):
     """(query rows, gallery rows) slices of a task's sub-blocks: QUERY_SUB_BLOCK x GALLERY_SUB_BLOCK
     at most, the queries inner, so a sub-block's gallery rows stay in cache while the queries pass."""
-    for first_col in range(0, n_rows, GALLERY_SUB_BLOCK):
-        cols = slice(first_col, min(first_col + GALLERY_SUB_BLOCK, n_rows))
-        for first in range(0, n_queries, QUERY_SUB_BLOCK):
-            yield slice(first, first + QUERY_SUB_BLOCK), cols
+    for cols in _slices(n_rows, GALLERY_SUB_BLOCK):
+        for rows in _slices(n_queries, QUERY_SUB_BLOCK):
+            yield rows, cols
+
+
+def _slices(n: int, step: int):
+    """slice(a, b) over [0, n) in steps of ``step``."""
+    for first in range(0, n, step):
+        yield slice(first, min(first + step, n))
 
 
 class _DroppedColumns:

@@ -363,8 +363,9 @@ def positives_before(pos_d, pos_g, lo, hi, d, g):
 
 @_jit
 def positives_order(n_queries, qrows, dist, gidx):
-    """The permutation that sorts positive pairs by (query, distance, gallery index): a counting
-    sort by query, then a heapsort of each query's pairs (tens, typically; a pair's key is unique,
+    """(the permutation that sorts positive pairs by (query, distance, gallery index), each query's
+    first entry in that order (n_queries + 1 offsets)): a counting sort by query, then a heapsort
+    of each query's pairs (tens, typically; a pair's key is unique,
     so the sort need not be stable).  A lexsort of all pairs on three keys cost ~0.1 s for 10,000
     queries x 50 positives, at the end of the positives pass where nothing else runs; numba's own
     argsort would add ~1 s of compilation to a first run."""
@@ -380,7 +381,7 @@ def positives_order(n_queries, qrows, dist, gidx):
         fill[qrows[k]] += 1
     for q in range(n_queries):
         _heapsort(order[offsets[q]:offsets[q + 1]], dist, gidx)
-    return order
+    return order, offsets
 
 
 @_inline

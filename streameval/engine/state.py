@@ -51,9 +51,8 @@ class Positives:
     def from_pairs(cls, n_queries: int, qrows, gidx, dist, bits, junk) -> "Positives":
         from .kernels import positives_order  # numba: not for the commands that only read a state
 
-        order = positives_order(n_queries, np.asarray(qrows, np.int64), np.asarray(dist, np.float64),
-                                np.asarray(gidx, np.int64))
-        offsets = offsets_from_counts(np.bincount(qrows, minlength=n_queries))
+        order, offsets = positives_order(n_queries, np.asarray(qrows, np.int64), np.asarray(dist, np.float64),
+                                         np.asarray(gidx, np.int64))
         return cls(offsets, np.ascontiguousarray(dist[order]), np.ascontiguousarray(gidx[order]),
                    np.ascontiguousarray(bits[order]), np.asarray(junk, dtype=np.int64))
 
