@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from streameval.engine import block, kernels
 from streameval.engine.state import Positives
+from streameval.features.closed_set.slots import update_slots
 
 METRICS = ("cosine", "euclidean", "sqeuclidean")
 
@@ -84,3 +85,39 @@ def test_positives_are_sorted_by_query_then_distance_then_gallery_index(n_querie
     np.testing.assert_array_equal(got.dist, dist[order])
     np.testing.assert_array_equal(got.bits, bits[order])
     np.testing.assert_array_equal(got.counts, np.bincount(qrows, minlength=n_queries))
+
+
+@settings(max_examples=40, deadline=None)
+@given(metric=st.sampled_from(METRICS), n_rows=st.sampled_from([5, 64, 131]), n_trials=st.integers(1, 3),
+       levels=st.sampled_from([2, 5, 1000]), seed=st.integers(0, 2**32 - 1))
+def test_slots_count_each_kept_negative_in_its_slot_and_trials(metric, n_rows, n_trials, levels, seed):
+    """``update_slots`` (its negatives counted as decided, the rest listed and counted after) against
+    the brute force on canonical distances: counts[a + s, t] = trial-t negatives of the query with s
+    of its positives before them (by distance, then gallery index), those after its last positive
+    left out.  Few feature levels make ties; a float32 GEMM's window leaves some pairs open."""
+    rng = np.random.default_rng(seed)
+    nq, dim = 12, 8
+    qf = rng.integers(-levels, levels + 1, (nq, dim)).astype(np.float32) / levels
+    gf = rng.integers(-levels, levels + 1, (n_rows, dim)).astype(np.float32) / levels
+    q_pid, g_pid = rng.integers(0, 4, nq), rng.integers(0, 4, n_rows)
+    q_bits = rng.integers(1, 2**n_trials, nq).astype(np.uint64)
+    g_bits = rng.integers(0, 2**n_trials, n_rows).astype(np.uint64)
+    blk = features_block(qf, gf, metric, q_pid, g_pid)
+    exact = np.array([[kernels.canonical_distance(qf, gf, i, j, blk.qa[i], blk.ga[j], blk.metric) for j in range(n_rows)]
+                      for i in range(nq)])
+    qrows, grows = np.nonzero(q_pid[:, None] == g_pid[None, :])
+    order, offsets = kernels.positives_order(nq, qrows, exact[qrows, grows], grows)
+    pos_g = grows[order]
+    blk = blk._replace(q_bits=q_bits, g_bits=g_bits, pos_off=offsets, pos_d=exact[qrows, grows][order], pos_g=pos_g,
+                       pos_bits=(q_bits[qrows] & g_bits[grows])[order])
+    counts = np.zeros((len(pos_g), n_trials), dtype=np.int64)
+    update_slots(blk, counts, *block.negatives_buffers(blk))
+    expected = np.zeros_like(counts)
+    for i in range(nq):
+        lo, hi = offsets[i], offsets[i + 1]
+        for j in np.flatnonzero(g_pid != q_pid[i]):
+            before = sum((exact[i, g] < exact[i, j]) | ((exact[i, g] == exact[i, j]) & (g < j)) for g in pos_g[lo:hi])
+            for t in range(n_trials):
+                if before < hi - lo and (int(g_bits[j] & q_bits[i]) >> t) & 1:
+                    expected[lo + before, t] += 1
+    np.testing.assert_array_equal(counts, expected)
