@@ -249,6 +249,29 @@ def test_row_terms_are_sums_in_coordinate_order(n_rows, metric):
     assert kernels.row_terms(x, metric).tolist() == want
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n_pairs", [0, 1, kernels.PREFETCH_AHEAD, 50])
+@pytest.mark.parametrize("metric", [kernels.SQEUCLIDEAN, kernels.EUCLIDEAN, kernels.COSINE])
+def test_listed_pair_distances_are_their_canonical_distances(metric, n_pairs, dtype):
+    """``pair_distances`` (rows fetched ahead of the pair summed) gives each listed pair's canonical
+    distance bit for bit, against the dot product added k = 0, 1, 2, 3 (mod 4) in a plain loop, for
+    pairs in any order, rows repeated, on row slices of larger arrays, fewer pairs than it fetches
+    ahead and none."""
+    rng = np.random.default_rng(n_pairs)
+    qf = (rng.standard_normal((40, 37)) * 3).astype(dtype)[5:30]
+    gf = (rng.standard_normal((90, 37)) * 3).astype(dtype)[10:80]
+    qa, ga = kernels.row_terms(qf, metric), kernels.row_terms(gf, metric)
+    qrows, grows = rng.integers(0, len(qf), n_pairs), rng.integers(0, len(gf), n_pairs)
+    want = []
+    for i, j in zip(qrows, grows):
+        sums = [0.0] * 4
+        for k in range(36):
+            sums[k % 4] += float(qf[i, k]) * float(gf[j, k])
+        dot = (sums[0] + sums[1]) + (sums[2] + sums[3]) + float(qf[i, 36]) * float(gf[j, 36])
+        want.append(kernels.pair_distance(dot, qa[i], ga[j], metric))
+    assert kernels.pair_distances(qf, gf, qrows, grows, qa, ga, metric).tolist() == want
+
+
 def _range_block(seed: int, metric: int):
     """A GEMM block of float32 features with near-ties at both ends: rows repeated (distance 0, the
     same extreme several times), some scaled copies (cosine 0, euclidean apart) and one nudged by

@@ -48,6 +48,9 @@ from pathlib import Path
 
 import numba as nb
 import numpy as np
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 
 def _versioned_cache() -> None:
@@ -247,13 +250,49 @@ def row_terms(x, metric):
     return out
 
 
+# Pairs ahead whose rows ``pair_distances`` asks the CPU to fetch: listed pairs read rows scattered
+# over a chunk and the query block (tens of MiB, past L2), and the sum over a row waits on each of
+# its cache lines in turn; fetched ahead, the positives pass's pairs took 110 instead of 185 ns.
+PREFETCH_AHEAD = 6
+CACHE_LINE = 64
+
+
 @_jit
 def pair_distances(qf, gf, qrows, grows, qa, ga, metric):
     """Canonical distances of the listed pairs (qf[qrows[k]], gf[grows[k]])."""
-    out = np.empty(qrows.shape[0], dtype=np.float64)
-    for k in range(qrows.shape[0]):
+    n = qrows.shape[0]
+    out = np.empty(n, dtype=np.float64)
+    fetched = metric != PRECOMPUTED  # a stored distance is one value of a long row
+    for k in range(n):
+        if fetched & (k + PREFETCH_AHEAD < n):
+            _prefetch_row(qf, qrows[k + PREFETCH_AHEAD])
+            _prefetch_row(gf, grows[k + PREFETCH_AHEAD])
         out[k] = canonical_distance(qf, gf, qrows[k], grows[k], qa[qrows[k]], ga[grows[k]], metric)
     return out
+
+
+@_inline
+def _prefetch_row(x, row):
+    """Ask the CPU to bring row ``row`` of the 2-d array ``x`` (contiguous rows) into its caches."""
+    for offset in range(0, x.shape[1] * x.itemsize, CACHE_LINE):
+        _prefetch(x, row * x.strides[0] + offset)
+
+
+@intrinsic
+def _prefetch(typingctx, x, offset):
+    """LLVM's prefetch of the cache line at byte ``offset`` of array ``x``'s data (a read, kept in
+    every cache level): a hint, which never faults and does nothing where the CPU has no such
+    instruction."""
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        address = builder.gep(builder.bitcast(data, ir.IntType(8).as_pointer()), [args[1]])
+        i32 = ir.IntType(32)
+        prefetch = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [address.type, i32, i32, i32]), "llvm.prefetch.p0")
+        builder.call(prefetch, [address, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(x, types.int64), codegen
 
 
 @nb.njit(nogil=True, cache=True, fastmath=True)
