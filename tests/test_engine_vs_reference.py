@@ -385,6 +385,7 @@ def test_a_planned_task_reads_whole_store_chunks_within_its_memory():
     assert planned.read_ranges(100_000)[-3:] == [(90112, 98304), (98304, 99152), (99152, 100000)]
     assert planned.read_ranges(100_000, 98_000) == [(98_000, 99_000), (99_000, 100_000)]
     assert planned.read_ranges(98_304 + 100)[-1] == (98_304, 98_404)  # too few rows to share
+    assert planned.read_ranges(90_112 + 1_696)[-2:] == [(81_920, 90_112), (90_112, 91_808)]  # after 11 tasks: whole
     assert make_plan(**shape, memory_budget=1 << 32).read_chunk == 8192  # a worker's quarter: 12,500 rows
     given = make_plan(**shape, gallery_chunk=4096)
     assert given.read_chunk == 4096 and given.read_ranges(100_000)[-1] == (98_304, 100_000)
