@@ -91,7 +91,7 @@ def test_positives_are_sorted_by_query_then_distance_then_gallery_index(n_querie
 @given(metric=st.sampled_from(METRICS), n_rows=st.sampled_from([5, 64, 131]), n_trials=st.integers(1, 3),
        levels=st.sampled_from([2, 5, 1000]), seed=st.integers(0, 2**32 - 1))
 def test_slots_count_each_kept_negative_in_its_slot_and_trials(metric, n_rows, n_trials, levels, seed):
-    """``update_slots`` (its negatives counted as decided, the rest listed and counted after) against
+    """``update_slots`` (the negatives within reach listed with their slots, then counted) against
     the brute force on canonical distances: counts[a + s, t] = trial-t negatives of the query with s
     of its positives before them (by distance, then gallery index), those after its last positive
     left out.  Few feature levels make ties; a float32 GEMM's window leaves some pairs open."""

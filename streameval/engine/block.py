@@ -22,8 +22,7 @@ Who counts as what (docs/protocols.md#the-kept-set) is decided here, once, for e
 * ``slotted_negatives``: the kept negatives within a statistic's reach with their slot, how many
   of query i's positives (sorted by (distance, gallery index)) come before row j, decided on the
   fast distance when its error window cannot change the answer and on the canonical distance
-  otherwise (``kernels`` module docstring): exact in any chunking.  A statistic that only counts
-  them per slot and trial takes ``count_slotted_negatives``, which counts each as it is decided.
+  otherwise (``kernels`` module docstring): exact in any chunking.
 
 Positives are the superset's (every trial's); ``pos_bits`` says which trials each belongs to.
 """
@@ -317,30 +316,12 @@ def slotted_negatives(blk, limits, qi, gj, slot):
     window, the canonical distance, so each row's features come from memory once for all its
     queries, not once per query between scans of the block (corrupted features, whose last
     positives rank ~2,000 rows deep, need ~20,000 a block: ~4 us each when read in scan order)."""
-    return _slotted(blk, limits, qi, gj, slot, np.zeros((0, 0), dtype=np.int64), False)
-
-
-@_jit
-def count_slotted_negatives(blk, limits, counts, qi, gj, slot):
-    """``slotted_negatives`` counted where decided: counts[pos_off[i] + s, t] += 1 for each kept
-    negative of query i in trial t whose slot s is before the query's last positive (s equal to its
-    number of positives is past it: not counted).  Only the rows whose slot a finer distance
-    decides are listed, with that slot; returns their number, for the caller to count.  On
-    corrupted features ~3% of pairs are within reach: listing each (three int64 written, then read
-    back) cost a third of the statistic."""
-    return _slotted(blk, limits, qi, gj, slot, counts, True)
-
-
-@_inline
-def _slotted(blk, limits, qi, gj, slot, counts, counted):
-    """``slotted_negatives`` (``counted`` False: every negative listed) or
-    ``count_slotted_negatives`` (True: only those a finer distance decides)."""
     cols = np.empty(blk.dots.shape[1], dtype=np.int64)
     table = np.empty(MAX_BUCKETS + 2, dtype=np.int64)
     screen = screen_columns(blk)
     n = 0
     for i in range(blk.dots.shape[0]):
-        n = _row_slots(blk, i, within(blk, i, limits[i], screen, cols), cols, table, n, qi, gj, slot, counts, counted)
+        n = _row_slots(blk, i, within(blk, i, limits[i], screen, cols), cols, table, n, qi, gj, slot)
     pending = np.flatnonzero(slot[:n] < 0)
     pending = pending[np.argsort(gj[pending], kind="mergesort")]
     if blk.metric != kernels.PRECOMPUTED:  # a stored distance is exact: nothing is left pending
@@ -376,10 +357,9 @@ def negatives_buffers(blk) -> tuple:
 
 
 @_inline
-def _row_slots(blk, i, found, cols, table, n, qi, gj, slot, counts, counted):
+def _row_slots(blk, i, found, cols, table, n, qi, gj, slot):
     """Query i's kept negatives cols[:found] with their slots (-1: a finer distance decides) into
-    (qi, gj, slot) from entry n on, or with ``counted`` those decided into ``counts``
-    (``count_negative``) and the rest listed; returns the entries' new count."""
+    (qi, gj, slot) from entry n on; returns the entries' new count."""
     if found > 0:
         lo = blk.pos_off[i]
         hi = blk.pos_off[i + 1]
@@ -390,28 +370,10 @@ def _row_slots(blk, i, found, cols, table, n, qi, gj, slot, counts, counted):
             w = kernels.distance_window(d, blk.qn[i], blk.gn[j], blk.metric, blk.c_dot)
             first = table[_bucket(d - w, x0, scale, buckets)]
             decided = (first == table[_bucket(d + w, x0, scale, buckets)]) & (first >= 0)
-            s = first if decided else _slot(blk, i, j, d, w, lo, hi)  # else: a positive in the window's buckets
-            if counted and s >= 0:
-                count_negative(blk, i, j, s, counts)
-            else:
-                qi[n] = i
-                gj[n] = j
-                slot[n] = s
-                n += 1
-    return n
-
-
-@_inline
-def count_negative(blk, i, j, s, counts):
-    """counts[pos_off[i] + s, t] += 1 for each trial t in which row j is a kept negative of query
-    i, when slot s is before the query's last positive (branch-free)."""
-    lo = blk.pos_off[i]
-    n_positives = blk.pos_off[i + 1] - lo
-    before_last = np.int64(s < n_positives)
-    bits = blk.g_bits[j] & blk.q_bits[i]
-    row = lo + min(s, n_positives - 1)
-    for t in range(counts.shape[1]):
-        counts[row, t] += trial_bit(bits, t) * before_last
+            qi[n + k] = i
+            gj[n + k] = j
+            slot[n + k] = first if decided else _slot(blk, i, j, d, w, lo, hi)  # else: a positive in the window's buckets
+    return n + found
 
 
 @_inline

@@ -14,21 +14,27 @@ import numba as nb
 import numpy as np
 
 from ...engine.statistic import Field, Statistic
-from ...engine.block import count_negative, count_slotted_negatives, negatives_buffers, reach, widest
+from ...engine.block import negatives_buffers, reach, slotted_negatives, trial_bit, widest
 
 _jit = nb.njit(nogil=True, cache=True)
 
 
 @_jit
 def update_slots(blk, counts, qi, gj, slot):
+    n_trials = counts.shape[1]
     limits = np.full(blk.dots.shape[0], -np.inf)
     gn_max = widest(blk)
     for i in range(blk.dots.shape[0]):
         hi = blk.pos_off[i + 1]
         if hi > blk.pos_off[i]:  # rows past the last positive change no rank
             limits[i] = reach(blk, i, blk.pos_d[hi - 1], gn_max)
-    for k in range(count_slotted_negatives(blk, limits, counts, qi, gj, slot)):  # those a finer distance decided
-        count_negative(blk, qi[k], gj[k], slot[k], counts)
+    for k in range(slotted_negatives(blk, limits, qi, gj, slot)):
+        i = qi[k]
+        lo = blk.pos_off[i]
+        if slot[k] < blk.pos_off[i + 1] - lo:
+            bits = blk.g_bits[gj[k]] & blk.q_bits[i]
+            for t in range(n_trials):
+                counts[lo + slot[k], t] += trial_bit(bits, t)
 
 
 class Slots(Statistic):
