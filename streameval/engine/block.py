@@ -119,13 +119,13 @@ SCREEN_WORD = 64  # columns screened into one 64-bit word of hits
 
 @_jit
 def screen_columns(blk):
-    """(kind, columns, ga_max, hit_words) for ``within``: the block's query rows grouped by what decides which
-    gallery rows they may count as negatives apart from the pid (camera index, trial bits): kind[i]
-    is row i's group, and columns[kind[i], j] is ``ga[j]`` (in the dot products' dtype), or NaN
-    where row j is never a negative of such a query (junk, camera pair in x_any, no common trial);
-    ga_max the largest ``ga``.  Built once a block (a group per camera and trial set present,
-    usually a handful), so the screen reads one float per pair instead of testing camera, junk and
-    trials; a NaN fails every comparison.  ``hit_words``: room for a row's words of hits."""
+    """(kind, columns, ga_max, hit_words) for ``within``: the block's query rows grouped by what
+    decides which gallery rows they may count as negatives apart from the pid (camera index, trial
+    bits): kind[i] is row i's group, and columns[kind[i], j] is ``ga[j]`` (in the dot products'
+    dtype), or NaN where row j is never a negative of such a query (junk, camera pair in x_any, no
+    common trial); ga_max the largest ``ga``.  Built once a block (a group per camera and trial set
+    present, usually a handful), so the screen reads one float per pair instead of testing camera,
+    junk and trials; a NaN fails every comparison.  ``hit_words``: room for a row's words of hits."""
     n_rows = blk.dots.shape[0]
     kind = np.empty(n_rows, dtype=np.int64)
     cix = np.zeros(n_rows, dtype=np.int64)  # of each group; zeroed: the search reads one past the last
@@ -145,7 +145,7 @@ def screen_columns(blk):
         for j in range(columns.shape[1]):
             kept = (dropped[j] == 0) & ((blk.g_bits[j] & bits[k]) != 0)
             columns[k, j] = blk.ga[j] if kept else np.nan
-    hit_words = np.empty(blk.dots.shape[1] // SCREEN_WORD, dtype=np.uint64)  # ``within``'s, for one row at a time
+    hit_words = np.empty(blk.dots.shape[1] // SCREEN_WORD, dtype=np.uint64)  # ``within``'s, a row at a time
     return kind, columns, blk.ga.max() if blk.ga.shape[0] else 0.0, hit_words
 
 
