@@ -404,11 +404,11 @@ def positives_before(pos_d, pos_g, lo, hi, d, g):
 @_jit
 def positives_order(n_queries, qrows, dist, gidx):
     """(the permutation that sorts positive pairs by (query, distance, gallery index), each query's
-    first entry in that order (n_queries + 1 offsets)): a counting sort by query, then a heapsort
-    of each query's pairs (tens, typically; a pair's key is unique,
-    so the sort need not be stable).  A lexsort of all pairs on three keys cost ~0.1 s for 10,000
-    queries x 50 positives, at the end of the positives pass where nothing else runs; numba's own
-    argsort would add ~1 s of compilation to a first run."""
+    first entry in that order (n_queries + 1 offsets)): a counting sort by query, then a heapsort of
+    each query's pairs (tens, typically; a pair's key is unique, so the sort need not be stable).
+    A lexsort of all pairs on three keys cost ~0.1 s for 10,000 queries x 50 positives, at the end
+    of the positives pass where nothing else runs; numba's own argsort would add ~1 s of
+    compilation to a first run."""
     offsets = np.zeros(n_queries + 1, dtype=np.int64)
     for k in range(qrows.shape[0]):
         offsets[qrows[k] + 1] += 1
