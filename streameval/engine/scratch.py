@@ -8,6 +8,7 @@ keeps one buffer per purpose, grown when a larger one is asked for.
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -19,7 +20,7 @@ _kept: dict[tuple, tuple] = {}  # (thread id, purpose) -> (the source object, wh
 def buffer(purpose: str, dtype, shape: tuple, allocate=np.empty) -> np.ndarray:
     """This thread's buffer for ``purpose``, viewed as ``shape`` (contents undefined), made by
     ``allocate(size, dtype)`` when there is none large enough."""
-    size = int(np.prod(shape))
+    size = math.prod(shape)  # numpy's prod costs ~5 us a call, here 5 a block
     key = (threading.get_ident(), purpose)
     found = _buffers.get(key)
     if found is None or found.dtype != dtype or found.size < size:
