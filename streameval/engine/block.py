@@ -160,7 +160,9 @@ def within(blk, i, limit, screen, cols):
     kept negative within the limit is listed, with at most a few just beyond it, so a caller
     decides each listed row exactly.  A byte mask compacted after the scan cost a third more on
     corrupted features (~3% of pairs within reach); listing each word's hits as it was made, ~20%
-    more there than screening the row into words first and listing them after."""
+    more there than screening the row into words first and listing them after.  The screen asks
+    the CPU for the next row's words as it goes (a block of dot products is past L2): 0.33 -> 0.25
+    ns a pair on corrupted features, 0.24 -> 0.17 on clean ones."""
     dots = blk.dots[i]
     kind, columns, ga_max, hit_words = screen
     sign, a, b = _screen(blk, i, limit, ga_max)
@@ -168,8 +170,11 @@ def within(blk, i, limit, screen, cols):
     q_pid = blk.q_pid[i]
     n_cols = dots.shape[0]
     words = n_cols - n_cols % SCREEN_WORD
+    next_row = (i + 1) * blk.dots.strides[0]
+    word_bytes = SCREEN_WORD * blk.dots.itemsize
     for w in range(words // SCREEN_WORD):  # the screen first: it streams the row from memory
         first = w * SCREEN_WORD
+        kernels.prefetch(blk.dots, next_row + w * word_bytes, next_row + (w + 1) * word_bytes)
         hits = np.uint64(0)
         for t in range(SCREEN_WORD):  # a constant count: the loop vectorises (False for a limit of -inf or NaN)
             hits |= np.uint64(sign * dots[first + t] >= a + b * kept_ga[first + t]) << np.uint64(t)

@@ -275,8 +275,15 @@ def pair_distances(qf, gf, qrows, grows, qa, ga, metric):
 @_inline
 def _prefetch_row(x, row):
     """Ask the CPU to bring row ``row`` of the 2-d array ``x`` (contiguous rows) into its caches."""
-    for offset in range(0, x.shape[1] * x.itemsize, CACHE_LINE):
-        _prefetch(x, row * x.strides[0] + offset)
+    prefetch(x, row * x.strides[0], row * x.strides[0] + x.shape[1] * x.itemsize)
+
+
+@_inline
+def prefetch(x, start, stop):
+    """Ask the CPU to bring bytes [start, stop) of array ``x``'s data into its caches, a line at a
+    time (``_prefetch``: past the data, a hint that does nothing)."""
+    for offset in range(start, stop, CACHE_LINE):
+        _prefetch(x, offset)
 
 
 @intrinsic
