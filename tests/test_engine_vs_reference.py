@@ -381,6 +381,9 @@ def test_a_planned_task_reads_whole_store_chunks_within_its_memory():
     planned = make_plan(**shape)
     assert (planned.gallery_chunk, planned.read_chunk) == (4096, 8192)
     assert planned.read_ranges(100_000)[:2] == [(0, 8192), (8192, 16384)]
+    # the positives pass's short tasks read whole store chunks, two tasks a worker at least
+    assert planned.positives_ranges(100_000)[-2:] == [(81920, 98304), (98304, 100000)]
+    assert make_plan(**{**shape, "n_gallery": 60_000}).positives_rows == 8192
     # the 1,696 rows left after twelve tasks: a task for each worker, not one that ends the pass alone
     assert planned.read_ranges(100_000)[-3:] == [(90112, 98304), (98304, 99152), (99152, 100000)]
     assert planned.read_ranges(100_000, 98_000) == [(98_000, 99_000), (99_000, 100_000)]
@@ -389,6 +392,7 @@ def test_a_planned_task_reads_whole_store_chunks_within_its_memory():
     assert make_plan(**shape, memory_budget=1 << 32).read_chunk == 8192  # a worker's quarter: 12,500 rows
     given = make_plan(**shape, gallery_chunk=4096)
     assert given.read_chunk == 4096 and given.read_ranges(100_000)[-1] == (98_304, 100_000)
+    assert given.positives_ranges(100_000) == given.read_ranges(100_000)
     def memory(rows: int) -> int:  # a sub-block's dot products and lists, and the rows read
         return QUERY_SUB_BLOCK * min(rows, GALLERY_SUB_BLOCK) * (4 + PAIR_SCRATCH_BYTES) + rows * 256 * (4 + 2)
 
@@ -401,8 +405,8 @@ def test_a_planned_task_reads_whole_store_chunks_within_its_memory():
 
 def test_a_planned_task_reading_several_chunks_matches_reference(tmp_path):
     """A store chunk of 1,024 rows, a budget that plans 256-row gallery chunks, small sub-blocks: each
-    task reads 512 rows (``plan.read_chunk``), two share the 304 left; the reference's numbers, as
-    with chunks read as given."""
+    task reads 512 rows (``plan.read_chunk``), two share the 304 left, and a positives task the whole
+    store chunk; the reference's numbers, as with chunks read as given."""
     rng = np.random.default_rng(11)
     nq, ng, dim = 30, 4400, 4
     problem = dict(qf=rng.integers(-3, 4, (nq, dim)).astype(np.float32), q_pids=rng.integers(0, 25, nq),
@@ -417,6 +421,7 @@ def test_a_planned_task_reading_several_chunks_matches_reference(tmp_path):
         planned = make_plan(nq, ng, dim, 4, 4, 1024, 2, budget)
         assert (planned.gallery_chunk, planned.read_chunk) == (256, 512)
         assert planned.read_ranges(ng)[-3:] == [(3584, 4096), (4096, 4248), (4248, 4400)]
+        assert planned.positives_ranges(ng)[-2:] == [(3072, 4096), (4096, 4400)]
         result = streameval.evaluate(str(path), memory_budget=budget, workers=2, no_gom=True, **options)
         given = streameval.evaluate(str(path), memory_budget=budget, workers=2, no_gom=True, gallery_chunk=256,
                                     **options)

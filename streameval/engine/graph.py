@@ -143,14 +143,14 @@ def gallery_parts(query: FeatureSet, gallery: FeatureSet, includes_queries: bool
     return parts + (Part(query, len(gallery)),) if includes_queries else parts
 
 
-def gallery_chunks(plan: Plan, parts: tuple, start: int = 0, reads: bool = False) -> list:
+def gallery_chunks(plan: Plan, parts: tuple, start: int = 0, reads: str = "gallery") -> list:
     """(part, first, stop) chunks of the extended gallery rows [start, end), in part-local rows:
-    ``plan.gallery_ranges``, or with ``reads`` the ``plan.read_ranges`` of the passes that score a
-    query block."""
+    ``plan.gallery_ranges``, or with ``reads`` "scoring" the ``plan.read_ranges`` of the passes that
+    score a query block, with "positives" the positives pass's ``plan.positives_ranges``."""
+    ranges = {"gallery": plan.gallery_ranges, "scoring": plan.read_ranges, "positives": plan.positives_ranges}[reads]
     chunks = []
     for part in parts:
         first = max(start - part.offset, 0)
-        ranges = plan.read_ranges if reads else plan.gallery_ranges
         chunks += [(part, a, b) for a, b in ranges(len(part.fs), first) if a < b]
     return chunks
 
@@ -366,7 +366,7 @@ def load_queries(query: FeatureSet, rows, scoring: Scoring, meta, pass_name: str
 
 def positives_pass(query: FeatureSet, parts: tuple, plan: Plan, scoring: Scoring, meta, start: int = 0):
     """Per query block of all queries: (delayed Rows, delayed Positives in extended rows [start, end))."""
-    chunks = gallery_chunks(plan, parts, start, reads=True)
+    chunks = gallery_chunks(plan, parts, start, reads="positives")
     own_start = parts[1].offset if len(parts) > 1 else None
     blocks = []
     for rows in query_blocks(plan, None, len(query)):
@@ -382,7 +382,7 @@ def range_pass(parts: tuple, plan: Plan, scoring: Scoring, meta, blocks, sizes: 
     """The range pass over extended rows [start, end): per trial, the delayed DistanceRange of every
     pair of the blocks' queries (``positives_pass``), their positives' distances included.  Chains
     of chunks per worker, as the scoring pass: O(workers) ranges alive, not one per chunk."""
-    chunks = gallery_chunks(plan, parts, start, reads=True)
+    chunks = gallery_chunks(plan, parts, start, reads="scoring")
     ends = []
     for n_queries, (queries, _) in zip(sizes, blocks):
         chains = [None] * max(1, min(plan.workers, len(chunks)))
@@ -399,7 +399,8 @@ def scoring_pass(parts: tuple, plan: Plan, scoring: Scoring, n_queries: int, que
                  start: int, stop: int, pass_name: str = "scoring"):
     """Delayed StatState of one block of ``n_queries`` queries over extended rows [start, stop): a
     chain of chunks per worker, the chains' states merged at the end."""
-    chunks = [(part, a, min(b, stop - part.offset)) for part, a, b in gallery_chunks(plan, parts, start, reads=True)
+    chunks = [(part, a, min(b, stop - part.offset))
+              for part, a, b in gallery_chunks(plan, parts, start, reads="scoring")
               if part.offset + a < stop]
     aux = task(prepare, scoring.statistics, meta, queries, positives)
     chains = [None] * max(1, min(plan.workers, len(chunks)))
@@ -421,7 +422,8 @@ def scoring_work(query: FeatureSet, parts: tuple, plan: Plan, n_queries: int, st
 def positives_pass_work(query: FeatureSet, parts: tuple, plan: Plan, start: int = 0) -> int:
     """The work of ``positives_pass`` over extended rows [start, end): each query block read, and
     every chunk's positives task."""
-    chunk_work = sum(positives_work(part.fs, a, b) for part, a, b in gallery_chunks(plan, parts, start, reads=True))
+    chunk_work = sum(positives_work(part.fs, a, b)
+                     for part, a, b in gallery_chunks(plan, parts, start, reads="positives"))
     return sum(read_work(rows_bytes(query, b - a)) + chunk_work for a, b in plan.query_ranges(len(query)))
 
 
@@ -467,7 +469,7 @@ def positives_pass_bytes(plan: Plan, parts: tuple, positives: Positives, start: 
     """What one query block's positives pass over extended rows [start, stop) read: every row's
     ids, and the features of the chunks holding one of the block's positives."""
     fs = parts[0].fs
-    step = plan.task_rows
+    step = plan.positives_rows
     chunks = np.unique((positives.gidx[positives.gidx >= start] - start) // step)
     feature_rows = int(np.minimum(step, stop - start - chunks * step).sum())
     return rows_bytes(fs, stop - start, features=False) + rows_bytes(fs, feature_rows)
