@@ -388,7 +388,9 @@ def test_a_planned_task_reads_whole_store_chunks_within_its_memory():
     assert planned.read_ranges(100_000)[-3:] == [(90112, 98304), (98304, 99152), (99152, 100000)]
     assert planned.read_ranges(100_000, 98_000) == [(98_000, 99_000), (99_000, 100_000)]
     assert planned.read_ranges(98_304 + 100)[-1] == (98_304, 98_404)  # too few rows to share
-    assert planned.read_ranges(90_112 + 1_696)[-2:] == [(81_920, 90_112), (90_112, 91_808)]  # after 11 tasks: whole
+    # after eleven whole tasks: the odd one and the 1,696 left shared, so each worker has six tasks
+    assert planned.read_ranges(90_112 + 1_696)[-3:] == [(73_728, 81_920), (81_920, 86_864), (86_864, 91_808)]
+    assert planned.read_ranges(9 * 8192)[-3:] == [(57_344, 65_536), (65_536, 69_632), (69_632, 73_728)]  # nine whole: 4.5 each
     assert make_plan(**shape, memory_budget=1 << 32).read_chunk == 8192  # a worker's quarter: 12,500 rows
     given = make_plan(**shape, gallery_chunk=4096)
     assert given.read_chunk == 4096 and given.read_ranges(100_000)[-1] == (98_304, 100_000)

@@ -73,20 +73,22 @@ class Plan:
         return self.read_chunk or self.gallery_chunk
 
     def read_ranges(self, n_gallery: int, start: int = 0):
-        """``gallery_ranges`` of the passes that score a query block: ``task_rows`` rows a task; the
-        rows left after the whole tasks, when those divide evenly among the workers, shared by
-        ``tail_tasks`` tasks.  Left as one task they end the pass on one worker while the others
-        wait (0.1 s of the bench's 3 s: 1,696 rows after twelve tasks of 8,192); after an uneven
-        count of whole tasks they are best left whole, to a worker with one task fewer (shared
-        after nine tasks of 2,048 rows, 1,300 rows made Market-sized passes 5% slower)."""
+        """``gallery_ranges`` of the passes that score a query block: ``task_rows`` rows a task, as
+        many whole tasks as give every one of ``tail_tasks`` workers the same number, and the rows
+        left after them shared evenly by ``tail_tasks`` tasks.  Left as one task, a partial last
+        task ended the pass on one worker while the others waited (0.1 s of the bench's 3 s: 1,696
+        rows after twelve tasks of 8,192); after an odd count of whole tasks, the odd one and the
+        partial one shared (Market size: 2,048 + 1,300 rows after eight tasks of 2,048) leave no
+        worker with a task fewer."""
         ranges = _ranges(n_gallery - start, self.task_rows)
-        left = ranges[-1][1] - ranges[-1][0] if ranges else 0
-        if 0 < left < self.task_rows and (len(ranges) - 1) % self.tail_tasks == 0:
-            first = ranges.pop()[0]
-            pieces = max(1, min(self.tail_tasks, left // MIN_TAIL_TASK))
-            ranges += [(first + left * k // pieces, first + left * (k + 1) // pieces) for k in range(pieces)]
+        whole = len(ranges) - (bool(ranges) and ranges[-1][1] - ranges[-1][0] < self.task_rows)
+        kept = whole // self.tail_tasks * self.tail_tasks
+        if kept < len(ranges):
+            first, end = ranges[kept][0], ranges[-1][1]
+            pieces = max(1, min(self.tail_tasks, (end - first) // MIN_TAIL_TASK))
+            ranges = ranges[:kept] + [(first + (end - first) * k // pieces, first + (end - first) * (k + 1) // pieces)
+                                      for k in range(pieces)]
         return [(a + start, b + start) for a, b in ranges]
-
 
     @property
     def positives_rows(self) -> int:
