@@ -472,11 +472,18 @@ def test_interrupted_append_leaves_the_store_as_it_was(tmp_path):
 
 
 @pytest.mark.parametrize("row_length", [1, 7, 256])
-def test_float16_features_upcast_to_the_float32_numpy_gives(row_length):
+@pytest.mark.parametrize("widened", [True, False])
+def test_float16_features_upcast_to_the_float32_numpy_gives(row_length, widened, monkeypatch):
     """Every finite float16 value and both infinities (subnormals, -0.0 and the largest included), in
     rows of several lengths whose count crosses the conversion's row slices: bit for bit numpy's own
-    float16 -> float32 conversion (the fast path goes through float64); float64 as asked."""
+    float16 -> float32 conversion, by the CPU's (``halfs``, where it has F16C) and through float64
+    (numpy's faster loop, where it has not); float64 as asked."""
+    from streameval.store import halfs
     from streameval.store.reading import upcast
+
+    if widened and not halfs.AVAILABLE:
+        pytest.skip("this CPU has no float16 conversion instruction (F16C)")
+    monkeypatch.setattr(halfs, "AVAILABLE", widened)
 
     every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
     values = every[~np.isnan(every)]
