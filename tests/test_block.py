@@ -7,7 +7,7 @@ of hit bits; ``compact`` turns the other screens' masks into positions), and the
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from streameval.engine import block, kernels
@@ -72,8 +72,11 @@ def test_the_screen_lists_every_kept_negative_at_most_the_limit(metric, dtype, s
 @settings(max_examples=40, deadline=None)
 @given(n_queries=st.integers(1, 30), n_pairs=st.integers(0, 400), levels=st.sampled_from([1, 3, 1000]),
        seed=st.integers(0, 2**32 - 1))
+@example(n_queries=1, n_pairs=400, levels=3, seed=1)  # one query's 400 pairs: the heapsort
+@example(n_queries=30, n_pairs=400, levels=3, seed=2)  # ~13 a query: the insertion sort
 def test_positives_are_sorted_by_query_then_distance_then_gallery_index(n_queries, n_pairs, levels, seed):
-    """As a lexsort of the three keys orders them; few distance levels make ties the index breaks."""
+    """As a lexsort of the three keys orders them; few distance levels make ties the index breaks
+    (a query's pairs sorted by insertion up to ``kernels.INSERTION_SORT_MAX``, by a heap above)."""
     rng = np.random.default_rng(seed)
     qrows = rng.integers(0, n_queries, n_pairs)
     gidx = rng.permutation(3 * n_pairs)[:n_pairs].astype(np.int64)
