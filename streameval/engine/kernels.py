@@ -412,11 +412,11 @@ def positives_before(pos_d, pos_g, lo, hi, d, g):
 def positives_order(n_queries, qrows, dist, gidx):
     """(the permutation that sorts positive pairs by (query, distance, gallery index), each query's
     first entry in that order (n_queries + 1 offsets)): a counting sort by query that carries each
-    pair's keys along, then a heapsort of each query's pairs (tens, typically; a pair's key is
-    unique, so the sort need not be stable) on those contiguous keys: sorting pair numbers by
-    keys read through them cost 20 instead of ~7 ms for the bench's 415,000 (a cache miss a
-    compare).  A lexsort of all pairs on three keys cost ~0.1 s for 10,000 queries x 50 positives,
-    at the end of the positives pass where nothing else runs; numba's own argsort would add ~1 s of
+    pair's keys along, then a sort of each query's pairs (tens, typically; a pair's key is unique,
+    so the sort need not be stable) on those contiguous keys.  A heapsort of pair numbers reading
+    their keys through them (a cache miss a compare) made collecting the bench's hard problem's
+    415,000 positives take 24 ms, where nothing else runs; 15 ms now.  A lexsort of all pairs on
+    three keys cost ~0.1 s for 10,000 queries x 50 positives; numba's own argsort would add ~1 s of
     compilation to a first run."""
     offsets = np.zeros(n_queries + 1, dtype=np.int64)
     for k in range(qrows.shape[0]):
@@ -490,6 +490,7 @@ def _sift_down(dist, gidx, pairs, root, end):
 
 @_inline
 def _swap(dist, gidx, pairs, a, b):
+    """Exchange entries a and b of the three arrays."""
     dist[a], dist[b] = dist[b], dist[a]
     gidx[a], gidx[b] = gidx[b], gidx[a]
     pairs[a], pairs[b] = pairs[b], pairs[a]

@@ -57,7 +57,7 @@ class Plan:
     gallery_chunk: int
     workers: int
     task_bytes: int = 0  # a task's working memory: its dot-product block and the gallery rows it reads
-    read_chunk: int = 0  # gallery rows a positives, range or scoring task reads (``read_chunk``; 0: gallery_chunk)
+    read_chunk: int = 0  # gallery rows a range or scoring task reads (``read_chunk``; 0: gallery_chunk)
     tail_tasks: int = 1  # tasks sharing the rows left after the whole ``task_rows`` tasks (``read_ranges``)
     positives_chunk: int = 0  # gallery rows a positives task reads (``positives_chunk``; 0: task_rows)
 
