@@ -16,7 +16,16 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-AVAILABLE = "f16c" in llvm.get_host_cpu_features()
+
+def _has_f16c() -> bool:
+    """Whether this CPU converts float16 by F16C (llvmlite raises where it cannot tell: then no)."""
+    try:
+        return "f16c" in llvm.get_host_cpu_features()
+    except RuntimeError:
+        return False
+
+
+AVAILABLE = _has_f16c()
 
 
 @intrinsic
