@@ -177,6 +177,11 @@ def test_the_installed_wheel_runs_from_any_folder(wheel, venv, tmp_path, version
     result = json.loads((work / "result.json").read_text())
     assert 0 <= result["mAP"] <= 1 and 0 <= result["rank1"] <= 1 and result["n_queries"] == 30
     assert result["streameval_version"] == wheel_version(wheel)
+    # a float16 store (as big galleries are kept): its features upcast by the installed store.halfs
+    streameval("synth", "half.zarr", "--queries", "30", "--gallery", "200", "--dim", "16", "--ids", "20",
+               "--dtype", "float16", "-q")
+    streameval("eval", "half.zarr", "--json", "half.json", "-q")
+    assert json.loads((work / "half.json").read_text())["n_queries"] == 30
 
     # issue 27's commands: intervals, the per-query table, compare; the Evaluator and an adapter in Python
     streameval("eval", "tiny.zarr", "--per-query", "--ci", "0.9", "--ci-resamples", "200", "--json", "a.json",
