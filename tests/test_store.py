@@ -492,3 +492,28 @@ def test_float16_features_upcast_to_the_float32_numpy_gives(row_length, widened,
     assert converted.dtype == np.float32 and converted.flags.c_contiguous
     np.testing.assert_array_equal(converted.view(np.uint32), values.astype(np.float32).view(np.uint32))
     np.testing.assert_array_equal(upcast(values, np.float64), values.astype(np.float64))
+
+
+UPCAST_ON_A_TARGET = """
+import numpy as np
+from streameval.store import halfs
+from streameval.store.reading import upcast
+every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+values = every[~np.isnan(every)][:63488].reshape(-1, 16)
+same = np.array_equal(upcast(values, np.float32).view(np.uint32), values.astype(np.float32).view(np.uint32))
+print(halfs.AVAILABLE, same)
+"""
+
+
+@pytest.mark.parametrize("target, widened", [({"NUMBA_CPU_NAME": "generic"}, "False"),
+                                             ({"NUMBA_CPU_NAME": "generic", "NUMBA_CPU_FEATURES": "+f16c"}, "True")])
+def test_float16_upcast_follows_the_cpu_numba_compiles_for(target, widened, tmp_path):
+    """numba compiling for a named CPU (NUMBA_CPU_NAME=generic, as for a cache shared between
+    machines) targets only the features NUMBA_CPU_FEATURES lists: without F16C the widening kernel
+    would call a helper numba does not link (the process crashed), so numpy's path converts; with
+    it listed, the kernel does.  Bit for bit numpy's conversion either way, in a fresh process and
+    numba cache."""
+    env = {**os.environ, **target, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    done = subprocess.run([sys.executable, "-c", UPCAST_ON_A_TARGET], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [widened, "True"]

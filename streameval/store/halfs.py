@@ -4,8 +4,8 @@ numpy converts float16 a value at a time (~0.8 ns a value, through float64: ``re
 as long as reading the store chunk; LLVM's ``fpext half to float`` is one F16C instruction for
 eight values (0.3 against 3.2 ms for 2,048 x 2,048 values).  numba has no float16 type, so the
 kernel reads the values' bits (uint16) and widens them by an intrinsic.  Without F16C, LLVM would
-call a runtime helper numba does not link: the kernel is used only where the CPU has it
-(``AVAILABLE``).  Exact either way: every float16 is a float32.
+call a runtime helper numba does not link: the kernel is used only where numba compiles for a
+CPU that has it (``AVAILABLE``).  Exact either way: every float16 is a float32.
 """
 
 from __future__ import annotations
@@ -17,15 +17,22 @@ from numba import types
 from numba.extending import intrinsic
 
 
-def _has_f16c() -> bool:
-    """Whether this CPU converts float16 by F16C (llvmlite raises where it cannot tell: then no)."""
-    try:
-        return "f16c" in llvm.get_host_cpu_features()
-    except RuntimeError:
-        return False
+def _compiles_f16c() -> bool:
+    """Whether the kernels numba compiles here may use F16C: the CPU features numba targets
+    (NUMBA_CPU_FEATURES where set, as with NUMBA_CPU_NAME=generic for a cache portable between
+    machines, which targets none; else this CPU's) include it.  The host's alone is not enough: a
+    generic target without F16C made the widening a call numba cannot link, and the process
+    crashed.  llvmlite raises where it cannot tell this CPU's features: then no."""
+    features = nb.config.CPU_FEATURES
+    if features is None:
+        try:
+            features = llvm.get_host_cpu_features().flatten()
+        except RuntimeError:
+            return False
+    return "+f16c" in features.split(",")
 
 
-AVAILABLE = _has_f16c()
+AVAILABLE = _compiles_f16c()
 
 
 @intrinsic
