@@ -18,7 +18,8 @@ two floors, on each problem of the usual ``--size`` / ``--noise`` / ``--dtype`` 
                      probed: streameval's ``engine.device.gemm_device``), synchronised, the product
                      discarded.  Its breakdown also gives the GEMMs alone on device-resident operands
                      and, outside the floor, the dot products copied back to the host by sub-blocks
-                     of ``engine.graph.QUERY_SUB_BLOCK`` queries, as the device path does;
+                     of ``engine.graph.QUERY_SUB_BLOCK`` queries, as the device path does where a
+                     statistic reads every pair;
   read-floor         reading the store alone: every gallery chunk of the same plan read and upcast on
                      the plan's worker threads, as evaluate reads them, no GEMM.
 

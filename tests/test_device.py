@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import streameval
+from streameval.engine import sources
 from streameval.engine.device import DeviceError, check_strict, parse_device
 from streameval.core.errors import OptionError
 
@@ -54,6 +55,18 @@ def test_integer_features_on_the_device_match_the_reference(data):
     problem, options = data.draw(integer_problems())
     plans = data.draw(chunkings(len(problem["q_pids"]), len(problem["g_pids"])))
     check_all_chunkings(problem, problem, dict(options, device=DEVICE), plans)
+
+
+@settings(max_examples=25, **SETTINGS)
+@given(st.data())
+def test_the_devices_screen_of_integer_features_matches_the_reference(data):
+    """Ranking alone (``no_gom``): the device screens each block for the rows within the queries'
+    reach and copies back only those; galleries of up to 200 rows, so blocks hold whole 64-column
+    words of the screen and the columns after them.  Ties decided by (distance, gallery index)."""
+    pytest.importorskip("torch")
+    problem, options = data.draw(integer_problems(max_ng=200))
+    plans = data.draw(chunkings(len(problem["q_pids"]), len(problem["g_pids"])))
+    check_all_chunkings(problem, problem, dict(options, device=DEVICE, no_gom=True), plans)
 
 
 def identities(seed: int, nq: int = 40, ng: int = 500, dim: int = 24, ids: int = 15) -> dict:
@@ -101,6 +114,26 @@ def test_every_statistic_on_the_device_gives_the_cpu_paths_numbers(run):
         on_device = streameval.evaluate(data, device=DEVICE, **chunks, **options)
         assert comparable(on_device) == comparable(cpu)
         assert (cpu.run["device"], on_device.run["device"]) == ("cpu", DEVICE)
+
+
+@pytest.mark.parametrize("run", [run for run, options in RUNS.items() if options.get("no_gom") and
+                                 not {"open_set", "ranked_list", "rerank"} & options.keys()])
+def test_the_device_copies_back_the_pairs_within_reach_only(run, monkeypatch):
+    """Where every statistic reads only the rows within its reach (ranking, sgs, trials, dedup), the
+    device's screen copies back far fewer dot products than pairs, and the numbers are the CPU
+    path's.  (Chunks of 100 and 300 rows: whole words of the screen and columns after them.)"""
+    pytest.importorskip("torch")
+    copied = []
+    spread = sources.spread_hits
+    monkeypatch.setattr(sources, "spread_hits", lambda words, values, dots: (copied.append((values.size, dots.size)),
+                                                                             spread(words, values, dots)))
+    data, options = identities(seed=len(run)), RUNS[run]
+    for chunk in (100, 300):
+        copied.clear()
+        on_device = streameval.evaluate(data, device=DEVICE, gallery_chunk=chunk, **options)
+        assert comparable(on_device) == comparable(streameval.evaluate(data, gallery_chunk=chunk, **options))
+        values, pairs = np.sum(copied, axis=0)
+        assert 0 < values < pairs / 2
 
 
 def run_cli(*args) -> subprocess.CompletedProcess:

@@ -43,6 +43,7 @@ _inline = nb.njit(nogil=True, cache=True, inline="always")
 
 Block = namedtuple("Block", [
     "dots",  # (rows, gallery rows) GEMM dot products (working precision; float64 stored distances)
+    "hits",  # uint64 (rows, words): a device's screen of ``dots`` (``screen_terms``), (0, 0) where none screened
     "dist",  # the float64 fast distances of ``dots``, filled only for statistics that declare ``reads_distances``
     "qf", "gf",  # features in the working precision (for canonical distances)
     "qa", "ga", "qn", "gn",  # float64 row terms and norms
@@ -86,13 +87,13 @@ SCREEN_ROUNDINGS = 8
 
 
 @_inline
-def _screen(blk, i, limit, ga_max):
+def _screen(blk, i, limit, ga_max, roundings):
     """(sign, a, b) in the dot products' dtype: a pair (i, j) whose fast distance is at most
     ``limit`` has sign * dot >= a + b * ga[j] evaluated in that dtype (``ga[j]`` rounded to it, at
-    most ``ga_max``): the float64 bound (``_bound``) loosened by ``SCREEN_ROUNDINGS`` rounding units
-    of |a| + |b| ga_max, so a float32 block is screened at float32's width and never drops a pair."""
+    most ``ga_max``): the float64 bound (``_bound``) loosened by ``roundings`` rounding units of
+    |a| + |b| ga_max, so a float32 block is screened at float32's width and never drops a pair."""
     sign, a, b = _bound(blk, i, limit)
-    a -= SCREEN_ROUNDINGS * np.finfo(blk.dots.dtype).eps * (abs(a) + abs(b) * ga_max)
+    a -= roundings * np.finfo(blk.dots.dtype).eps * (abs(a) + abs(b) * ga_max)
     return blk.dots.dtype.type(sign), blk.dots.dtype.type(a), blk.dots.dtype.type(b)
 
 
@@ -149,6 +150,53 @@ def screen_columns(blk):
     return kind, columns, blk.ga.max() if blk.ga.shape[0] else 0.0, hit_words
 
 
+# A device's screen (``screen_terms``) is loosened by twice the rounding units of ``within``'s, so
+# every row within's own screen passes, passes the device's too, whatever order a device rounds in.
+DEVICE_SCREEN_ROUNDINGS = 2 * SCREEN_ROUNDINGS
+
+
+@_jit
+def screen_terms(blk, limits):
+    """What a device needs to screen the block's dot products as ``within`` does, for query row i
+    at ``limits[i]`` or nearer, but looser (``DEVICE_SCREEN_ROUNDINGS``): pair (i, j) passes when
+    sign * dot >= low[i] + slope[i] * columns[kind[i], j] (``screen_columns``: NaN where row j is
+    never a negative of row i's group).  Returns (kind, columns, low, slope, sign)."""
+    kind, columns, ga_max, _ = screen_columns(blk)
+    low = np.empty(blk.dots.shape[0], dtype=blk.dots.dtype)
+    slope = np.empty(blk.dots.shape[0], dtype=blk.dots.dtype)
+    sign = blk.dots.dtype.type(1.0)
+    for i in range(blk.dots.shape[0]):
+        sign, low[i], slope[i] = _screen(blk, i, limits[i], ga_max, DEVICE_SCREEN_ROUNDINGS)
+    return kind, columns, low, slope, sign
+
+
+@_jit
+def spread_hits(hit_words, values, dots):
+    """dots[i, j] = the next of ``values`` for each set bit j (``within``'s words) of row i's
+    ``hit_words[i]``, in row-major order: a device's screened dot products put in place."""
+    k = 0
+    for i in range(hit_words.shape[0]):
+        for w in range(hit_words.shape[1]):
+            hits = hit_words[i, w]
+            while hits != 0:
+                dots[i, w * SCREEN_WORD + np.int64(trailing_zeros(hits))] = values[k]
+                k += 1
+                hits &= hits - np.uint64(1)
+
+
+@_jit
+def last_positive_limits(blk):
+    """Per query row, the reach of its last positive (-inf for a query without one): no row
+    beyond it changes the query's ranks."""
+    limits = np.full(blk.dots.shape[0], -np.inf)
+    gn_max = widest(blk)
+    for i in range(blk.dots.shape[0]):
+        hi = blk.pos_off[i + 1]
+        if hi > blk.pos_off[i]:
+            limits[i] = reach(blk, i, blk.pos_d[hi - 1], gn_max)
+    return limits
+
+
 @_inline
 def within(blk, i, limit, screen, cols):
     """cols[:n] = the kept negatives j (ascending) of query i whose fast distance may be at most
@@ -160,25 +208,30 @@ def within(blk, i, limit, screen, cols):
     kept negative within the limit is listed, with at most a few just beyond it, so a caller
     decides each listed row exactly.  A byte mask compacted after the scan cost a third more on
     corrupted features (~3% of pairs within reach); listing each word's hits as it was made, ~20%
-    more there than screening the row into words first and listing them after.  The screen asks
-    the CPU for the next row's words as it goes (a block of dot products is past L2): 0.33 -> 0.25
-    ns a pair on corrupted features, 0.24 -> 0.17 on clean ones."""
+    more there than screening the row into words first and listing them after.
+
+    Where a device screened the block (``blk.hits``: ``screen_terms``, looser, at limits at least
+    this one), only its words' hits are screened here (``_rescreened``), so the same rows are
+    listed as from a screen of the whole row."""
     dots = blk.dots[i]
     kind, columns, ga_max, hit_words = screen
-    sign, a, b = _screen(blk, i, limit, ga_max)
+    sign, a, b = _screen(blk, i, limit, ga_max, SCREEN_ROUNDINGS)
     kept_ga = columns[kind[i]]
     q_pid = blk.q_pid[i]
     n_cols = dots.shape[0]
     words = n_cols - n_cols % SCREEN_WORD
-    next_row = (i + 1) * blk.dots.strides[0]
-    word_bytes = SCREEN_WORD * blk.dots.itemsize
-    for w in range(words // SCREEN_WORD):  # the screen first: it streams the row from memory
-        first = w * SCREEN_WORD
-        kernels.prefetch(blk.dots, next_row + w * word_bytes, next_row + (w + 1) * word_bytes)
-        hits = np.uint64(0)
-        for t in range(SCREEN_WORD):  # a constant count: the loop vectorises (False for a limit of -inf or NaN)
-            hits |= np.uint64(sign * dots[first + t] >= a + b * kept_ga[first + t]) << np.uint64(t)
-        hit_words[w] = hits
+    if blk.hits.shape[0]:
+        _rescreened(blk.hits[i], dots, sign, a, b, kept_ga, hit_words)
+    else:
+        next_row = (i + 1) * blk.dots.strides[0]
+        word_bytes = SCREEN_WORD * blk.dots.itemsize
+        for w in range(words // SCREEN_WORD):  # the screen first: it streams the row from memory
+            first = w * SCREEN_WORD
+            kernels.prefetch(blk.dots, next_row + w * word_bytes, next_row + (w + 1) * word_bytes)
+            hits = np.uint64(0)
+            for t in range(SCREEN_WORD):  # a constant count: the loop vectorises (False for a limit of -inf or NaN)
+                hits |= np.uint64(sign * dots[first + t] >= a + b * kept_ga[first + t]) << np.uint64(t)
+            hit_words[w] = hits
     n = 0
     for w in range(words // SCREEN_WORD):  # then the hits, from words in L1
         hits = hit_words[w]
@@ -191,6 +244,22 @@ def within(blk, i, limit, screen, cols):
         cols[n] = j
         n += (sign * dots[j] >= a + b * kept_ga[j]) & (blk.g_pid[j] != q_pid)
     return n
+
+
+@_jit
+def _rescreened(device_words, dots, sign, a, b, kept_ga, hit_words):
+    """hit_words[w] = the bits of ``device_words[w]`` (a device's looser screen of the row) whose
+    columns pass this screen too: the row's words as ``within``'s own screen makes them, at a test per
+    device hit rather than per pair."""
+    for w in range(hit_words.shape[0]):
+        hits = device_words[w]
+        kept = np.uint64(0)
+        while hits != 0:
+            t = np.uint64(trailing_zeros(hits))
+            j = w * SCREEN_WORD + np.int64(t)
+            kept |= np.uint64(sign * dots[j] >= a + b * kept_ga[j]) << t
+            hits &= hits - np.uint64(1)
+        hit_words[w] = kept
 
 
 @_inline

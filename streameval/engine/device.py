@@ -2,9 +2,10 @@
 NVIDIA GPU through torch (``cuda``, ``cuda:N``: the ``gpu`` extra), or the same torch code on the
 CPU (``torch:cpu``: the device path where no GPU is, for its tests).
 
-Only the GEMM moves (``sources.DeviceSource``): its dot products come back to the host, where every
-statistic runs its kernels as on the CPU path and settles the pairs the GEMM's error window leaves
-open by the canonical float64 distance there.  So a device run's numbers equal the CPU path's bit
+Only the GEMM moves (``sources.DeviceSource``), with, where every statistic of a run reads only
+the rows within its reach, a screen of them: its dot products (those within reach) come back to the
+host, where every statistic runs its kernels as on the CPU path and settles the pairs the GEMM's
+error window leaves open by the canonical float64 distance there.  So a device run's numbers equal the CPU path's bit
 for bit, provided the device's GEMM keeps within ``kernels.dot_error_bound`` - which TF32 does not:
 ``opened`` switches it off and checks with a probe product that it is off (``check_strict``).
 """

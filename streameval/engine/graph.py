@@ -283,7 +283,9 @@ def _blocks(part: Part, start: int, stop: int, queries: Rows, positives: Positiv
     """(query row slice, Block) per QUERY_SUB_BLOCK query rows and GALLERY_SUB_BLOCK rows of the
     part's rows [start, stop): a task's values are made a few MiB at a time, so the kernels read
     them from cache and the task's memory grows with neither the query block nor the rows it reads
-    (a task reads whole store chunks where it can: reading a part of one decodes all of it)."""
+    (a task reads whole store chunks where it can: reading a part of one decodes all of it).
+    A source that ``screens`` (a device's) fills each Block's values itself, only those within the
+    statistics' ``limits`` where every statistic declares some."""
     chunk = load_rows(part.fs, slice(start, stop), scoring, meta, part)
     filled = any(stat.reads_distances for stat in scoring.statistics)
     source = scoring.source
@@ -292,16 +294,30 @@ def _blocks(part: Part, start: int, stop: int, queries: Rows, positives: Positiv
         gallery = chunk.sub(cols)
         g_dropped = _dropped(scoring.rules, q_codes, gallery)
         for rows in _slices(len(queries.pids), QUERY_SUB_BLOCK):
-            dots = source.block(part, start, stop, queries, chunk, rows, cols)
+            dots = (source.host_dots(queries, chunk, rows, cols) if source.screens
+                    else source.block(part, start, stop, queries, chunk, rows, cols))
             dist = scratch.buffer("distances", np.float64, dots.shape if filled else (0, 0))
+            blk = Block(
+                dots, NOT_SCREENED, dist, source.exact(queries.features[rows], dots), gallery.features,
+                queries.terms[rows], gallery.terms, queries.norms[rows], gallery.norms, source.metric, source.c_dot,
+                source.c_refine, queries.pids[rows], gallery.pids, q_cix[rows], g_dropped, queries.bits[rows],
+                gallery.bits, part.offset + start + cols.start, positives.offsets[rows.start:rows.stop + 1],
+                positives.dist, positives.gidx, positives.bits)
+            if source.screens:
+                blk = source.fill(blk, queries, chunk, rows, cols, _limits(scoring.statistics, blk))
             if filled:
                 fill_distances(dots, queries.terms[rows], gallery.terms, scoring.metric, dist)
-            yield rows, Block(
-                dots, dist, source.exact(queries.features[rows], dots), gallery.features, queries.terms[rows],
-                gallery.terms, queries.norms[rows], gallery.norms, source.metric, source.c_dot, source.c_refine,
-                queries.pids[rows], gallery.pids, q_cix[rows], g_dropped, queries.bits[rows], gallery.bits,
-                part.offset + start + cols.start, positives.offsets[rows.start:rows.stop + 1], positives.dist,
-                positives.gidx, positives.bits)
+            yield rows, blk
+
+
+NOT_SCREENED = np.zeros((0, 0), dtype=np.uint64)  # Block.hits where no device screened the values
+
+
+def _limits(statistics: tuple, blk):
+    """How far from each query row of ``blk`` the statistics read (``Statistic.limits``): the
+    farthest of theirs; None where one of them reads every pair."""
+    found = [stat.limits(blk) for stat in statistics]
+    return None if any(limits is None for limits in found) else reduce(np.maximum, found)
 
 
 def sub_blocks(n_queries: int, n_rows: int):

@@ -10,6 +10,8 @@ Each statistic declares
 * its chunk update (``update``: a numba kernel over one :data:`~.block.Block` of dot products,
   with ``reads_distances`` when it reads the block's filled distances);
 * optionally ``prepare``: per-query-block data its update needs (computed once per block);
+* optionally ``limits``: how far from each query its update looks (the pairs it reads all lie
+  within them), so a source that screens on a device copies back only those pairs' dot products;
 * its finalisation, in ``metrics`` / ``gom`` / its own module, per trial.
 
 The scoring pass (``graph.score_chunk``) computes one block of dot products and runs the requested
@@ -57,6 +59,12 @@ class Statistic:
 
     def prepare(self, meta, queries, positives):
         """Per-query-block data for ``update`` (None unless a statistic needs some)."""
+        return None
+
+    def limits(self, blk):
+        """Per query row of ``blk``, the fast distance beyond which ``update`` reads no pair of the
+        block (its dot products there may be left unset: ``sources.DeviceSource.fill``); None where
+        it reads every pair."""
         return None
 
     def update(self, blk, rows: slice, state: dict, aux, run) -> None:

@@ -14,7 +14,7 @@ import numba as nb
 import numpy as np
 
 from ...engine.statistic import Field, Statistic
-from ...engine.block import negatives_buffers, reach, slotted_negatives, trial_bit, widest
+from ...engine.block import last_positive_limits, negatives_buffers, slotted_negatives, trial_bit
 
 _jit = nb.njit(nogil=True, cache=True)
 
@@ -22,13 +22,7 @@ _jit = nb.njit(nogil=True, cache=True)
 @_jit
 def update_slots(blk, counts, qi, gj, slot):
     n_trials = counts.shape[1]
-    limits = np.full(blk.dots.shape[0], -np.inf)
-    gn_max = widest(blk)
-    for i in range(blk.dots.shape[0]):
-        hi = blk.pos_off[i + 1]
-        if hi > blk.pos_off[i]:  # rows past the last positive change no rank
-            limits[i] = reach(blk, i, blk.pos_d[hi - 1], gn_max)
-    for k in range(slotted_negatives(blk, limits, qi, gj, slot)):
+    for k in range(slotted_negatives(blk, last_positive_limits(blk), qi, gj, slot)):
         i = qi[k]
         lo = blk.pos_off[i]
         if slot[k] < blk.pos_off[i + 1] - lo:
@@ -42,6 +36,9 @@ class Slots(Statistic):
 
     def __init__(self, n_trials: int):
         self.fields = {"counts": Field("positive", np.int64, (n_trials,))}
+
+    def limits(self, blk):
+        return last_positive_limits(blk)
 
     def update(self, blk, rows: slice, state: dict, aux, run) -> None:
         update_slots(blk, state["counts"], *negatives_buffers(blk))

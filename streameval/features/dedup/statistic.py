@@ -14,7 +14,7 @@ import numpy as np
 
 from ...core.choices import INT64_MIN
 from ...engine.statistic import Field, Statistic
-from ...engine.block import negatives_buffers, reach, slotted_negatives, trial_bit, widest
+from ...engine.block import last_positive_limits, negatives_buffers, reach, slotted_negatives, trial_bit, widest
 
 EMPTY = INT64_MIN  # a reserved pid (no store holds it)
 _jit = nb.njit(nogil=True, cache=True)
@@ -77,6 +77,9 @@ class Dedup(Statistic):
 
     def __init__(self, n_trials: int, length: int):
         self.fields = {"held": Field("query", np.int64, (n_trials, length), EMPTY, "own")}
+
+    def limits(self, blk):
+        return last_positive_limits(blk)  # its trials' first positives' reach is at most the last one's
 
     def update(self, blk, rows: slice, state: dict, aux, run) -> None:
         update_dedup(blk, state["held"], *negatives_buffers(blk))

@@ -38,6 +38,7 @@ class RerankedSource:
     metric: int = kernels.PRECOMPUTED  # the values are final distances, exact as made
     c_dot: float = 0.0
     c_refine: float = 0.0
+    screens = False
 
     def prepare(self, fs, rows, features: np.ndarray) -> tuple:
         return self.base.prepare(fs, rows, features)

@@ -25,8 +25,8 @@ import numpy as np
 
 from ...protocols.draws import GAMMA, SGS_DRAW_TAG, hash_words, mix_words
 from ...engine.statistic import Field, Statistic
-from ...engine.block import (before_key, negatives_buffers, reach, screen_columns, slotted_negatives, widest,
-                             within)
+from ...engine.block import (before_key, last_positive_limits, negatives_buffers, reach, screen_columns,
+                             slotted_negatives, widest, within)
 
 _jit = nb.njit(nogil=True, cache=True)
 
@@ -75,13 +75,7 @@ def update_sampled(blk, g_identity, draws, counts):
 @_jit
 def update_expected(blk, g_identity, counts, qi, gj, slot):
     """counts[a + s, j] += kept rows of identity j in slot s (before the query's last positive)."""
-    limits = np.full(blk.dots.shape[0], -np.inf)
-    gn_max = widest(blk)
-    for i in range(blk.dots.shape[0]):
-        hi = blk.pos_off[i + 1]
-        if hi > blk.pos_off[i]:
-            limits[i] = reach(blk, i, blk.pos_d[hi - 1], gn_max)
-    for k in range(slotted_negatives(blk, limits, qi, gj, slot)):
+    for k in range(slotted_negatives(blk, last_positive_limits(blk), qi, gj, slot)):
         lo = blk.pos_off[qi[k]]
         if slot[k] < blk.pos_off[qi[k] + 1] - lo:  # a kept negative's pid is an identity
             counts[lo + slot[k], g_identity[gj[k]]] += 1
@@ -114,6 +108,9 @@ class SgsSampled(Statistic):
                         np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64),
                         np.cumsum([0] + [r.shape[0] for r in rows]).astype(np.int64), ident.starts, ident.counts)
 
+    def limits(self, blk):
+        return last_positive_limits(blk)  # the drawn positives' reach is at most the last one's
+
     def update(self, blk, rows: slice, state: dict, aux, run) -> None:
         draws = aux._replace(q_class=aux.q_class[rows], q_index=aux.q_index[rows],
                              key_d=aux.key_d[rows], key_g=aux.key_g[rows])
@@ -125,6 +122,9 @@ class SgsExpected(Statistic):
 
     def __init__(self, n_identities: int):
         self.fields = {"counts": Field("positive", np.int64, (n_identities,))}
+
+    def limits(self, blk):
+        return last_positive_limits(blk)
 
     def update(self, blk, rows: slice, state: dict, aux, run) -> None:
         update_expected(blk, run.meta.identities.identity_index(blk.g_pid), state["counts"], *negatives_buffers(blk))
