@@ -7,11 +7,11 @@ window ``kernels.distance_window`` gives with the source's ``metric`` and ``c_do
 after ``kernels.refined_dots``); what ``kernels.canonical_distance`` reads to recompute a pair
 exactly (``exact``); and the exact distances of listed pairs (``pair_distances``).
 ``FeatureSource`` makes the values by GEMMs of the features, ``StoredSource`` reads a distance
-store's.  A source that ``screens`` gives a scoring pass's blocks in two steps instead of
-``block``: the host buffer (``host_dots``), then the values (``fill``), only those within the
-statistics' limits where they declare some.  Another source (distances re-ranked from a first-stage source) is another class with
+store's.  Another source (distances re-ranked from a first-stage source) is another class with
 these members, chosen in ``block_source``; ``DeviceSource`` runs ``FeatureSource``'s GEMM on a
-device (``device``).
+device (``device``).  A source that ``screens`` (the device's) gives a scoring pass's blocks in
+two steps instead of ``block``: the host buffer (``host_dots``), then the values (``fill``), only
+those within the statistics' ``limits`` where every statistic declares some.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class DeviceSource(FeatureSource):
     def fill(self, blk, queries, chunk, rows: slice, cols: slice, limits):
         """``blk`` (its dots ``host_dots``) with its dot products: every one where ``limits`` is None,
         else those the device's screen (``block.screen_terms``) passes, with its words as
-        ``blk.hits``; the others are left as they were."""
+        ``blk.hits`` (whole words: the row's last bits zero); the others are left as they were."""
         product = self._product(queries, chunk, rows, cols)
         torch = devices.torch_module()
         if limits is None:
@@ -120,14 +120,12 @@ class DeviceSource(FeatureSource):
         kind, columns, low, slope = (torch.from_numpy(x).to(where) for x in (kind, columns, low, slope))
         passed = product * float(sign) >= low[:, None] + slope[:, None] * columns[kind]
         n_rows, n_cols = product.shape
-        full = n_cols - n_cols % SCREEN_WORD
         allocate = devices.host_allocator(self.device)
-        hits = scratch.buffer("device-hits", np.uint8, (n_rows, full // 8), allocate)
-        torch.from_numpy(hits).copy_(packed_bits(torch, passed[:, :full]))
-        found = product[:, :full][passed[:, :full]]
-        values = scratch.buffer("device-hit-dots", blk.dots.dtype, (n_rows * full,), allocate)[:found.shape[0]]
+        hits = scratch.buffer("device-hits", np.uint8, (n_rows, -(-n_cols // SCREEN_WORD) * SCREEN_WORD // 8), allocate)
+        torch.from_numpy(hits).copy_(packed_bits(torch, passed, SCREEN_WORD))
+        found = product[passed]
+        values = scratch.buffer("device-hit-dots", blk.dots.dtype, (n_rows * n_cols,), allocate)[:found.shape[0]]
         torch.from_numpy(values).copy_(found)
-        torch.from_numpy(blk.dots[:, full:]).copy_(product[:, full:])  # the last columns, fewer than a word, whole
         words = hits.view(np.uint64)
         spread_hits(words, values, blk.dots)
         return blk._replace(hits=words)
@@ -142,11 +140,15 @@ class DeviceSource(FeatureSource):
         return torch.matmul(a, b.T)
 
 
-def packed_bits(torch, passed):
-    """(rows, columns / 8) uint8 of a boolean tensor (rows, columns), column 8 k + t as bit t of
-    byte k: on a little-endian host, eight bytes read as one uint64 are ``block.within``'s word."""
+def packed_bits(torch, passed, word: int):
+    """The bits of a boolean tensor (rows, columns) as uint8 (rows, bytes), column 8 k + t as bit t
+    of byte k, each row padded with zero bits to whole words of ``word`` bits: on a little-endian
+    host, eight bytes read as one uint64 are ``block.within``'s word."""
+    n_rows, n_cols = passed.shape
+    bits = torch.zeros((n_rows, -(-n_cols // word) * word), dtype=torch.uint8, device=passed.device)
+    bits[:, :n_cols] = passed
     weights = torch.tensor([1 << t for t in range(8)], dtype=torch.uint8, device=passed.device)
-    return (passed.reshape(passed.shape[0], -1, 8).to(torch.uint8) * weights).sum(dim=2, dtype=torch.uint8)
+    return (bits.reshape(n_rows, -1, 8) * weights).sum(dim=2, dtype=torch.uint8)
 
 
 def resident(torch, where, features: np.ndarray):

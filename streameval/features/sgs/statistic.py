@@ -25,8 +25,8 @@ import numpy as np
 
 from ...protocols.draws import GAMMA, SGS_DRAW_TAG, hash_words, mix_words
 from ...engine.statistic import Field, Statistic
-from ...engine.block import (before_key, last_positive_limits, negatives_buffers, reach, screen_columns,
-                             slotted_negatives, widest, within)
+from ...engine.block import (before_key, device_hits, last_positive_limits, negatives_buffers, reach,
+                             screen_columns, slotted_negatives, widest, within)
 
 _jit = nb.njit(nogil=True, cache=True)
 
@@ -61,7 +61,9 @@ def update_sampled(blk, g_identity, draws, counts):
         if blk.pos_off[i + 1] == blk.pos_off[i]:
             continue
         c = draws.q_class[i]
-        for k in range(within(blk, i, reach(blk, i, draws.key_d[i].max(), gn_max), screen, cols)):
+        found = (device_hits(blk, i, cols) if blk.hits.shape[0]
+                 else within(blk, i, reach(blk, i, draws.key_d[i].max(), gn_max), screen, cols))
+        for k in range(found):
             j = cols[k]  # a kept negative: one of its identity's kept rows
             lo = draws.class_start[c] + draws.starts[c, g_identity[j]]
             n = draws.counts[c, g_identity[j]]
