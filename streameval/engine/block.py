@@ -184,7 +184,7 @@ def spread_hits(hit_words, values, dots):
                 hits &= hits - np.uint64(1)
 
 
-@_jit
+@_inline
 def last_positive_limits(blk):
     """Per query row, the reach of its last positive (-inf for a query without one): no row
     beyond it changes the query's ranks."""
@@ -240,8 +240,10 @@ def device_hits(blk, i, cols):
     """``within`` for a block a device screened (``blk.hits``: ``screen_terms``, looser, for limits
     at least the caller's): cols[:n] = the columns of row i's hits, lowest first, but those of the
     query's pid; returns n.  Every row within's screen would list, and maybe more beyond the
-    limit, which the caller decides as any other.  Its callers choose between the two once a block:
-    a choice per row in within cost the CPU path's update 2-4%."""
+    limit, which the caller decides as any other.  The callers choose between the two a row at a
+    time: that choice inside within cost the CPU path's update 2-6% on captured bench blocks (it
+    changes how the screen's loop compiles), in the caller ~1%; a choice once a block compiled the
+    caller's row work twice (+1.2 s at a first run)."""
     return _listed(blk.hits[i], blk.hits.shape[1], blk.g_pid, blk.q_pid[i], cols)
 
 
@@ -390,14 +392,12 @@ def slotted_negatives(blk, limits, qi, gj, slot):
     positives rank ~2,000 rows deep, need ~20,000 a block: ~4 us each when read in scan order)."""
     cols = np.empty(blk.dots.shape[1], dtype=np.int64)
     table = np.empty(MAX_BUCKETS + 2, dtype=np.int64)
+    screen = screen_columns(blk)
+    screened = blk.hits.shape[0] > 0  # by a device
     n = 0
-    if blk.hits.shape[0]:  # a device screened the block
-        for i in range(blk.dots.shape[0]):
-            n = _row_slots(blk, i, device_hits(blk, i, cols), cols, table, n, qi, gj, slot)
-    else:
-        screen = screen_columns(blk)
-        for i in range(blk.dots.shape[0]):
-            n = _row_slots(blk, i, within(blk, i, limits[i], screen, cols), cols, table, n, qi, gj, slot)
+    for i in range(blk.dots.shape[0]):
+        found = device_hits(blk, i, cols) if screened else within(blk, i, limits[i], screen, cols)
+        n = _row_slots(blk, i, found, cols, table, n, qi, gj, slot)
     pending = np.flatnonzero(slot[:n] < 0)
     pending = pending[np.argsort(gj[pending], kind="mergesort")]
     if blk.metric != kernels.PRECOMPUTED:  # a stored distance is exact: nothing is left pending
