@@ -5,8 +5,9 @@
 #
 #   market    3,368 x 19,732 x 2,048 (float32 store): the device path in-process and as a warm CLI
 #             process, the CPU path, the GEMM and store-read floors, the numbers compared;
-#   exact-2m  10,000 x 2,000,000 x 256 (float16): every statistic (default options + open-set +
-#             verification) on the device and on the CPU path, the numbers compared (SAME);
+#   exact-2m  10,000 x 2,000,000 x 256 (float16): ranking alone (--no-gom: the device's screen of
+#             each block) and every statistic (default options + open-set + verification: every dot
+#             product copied back) on the device and on the CPU path, the numbers compared (SAME);
 #   large-10m 10,000 x 10,000,000 x 256 (float16, CPU path skipped): the device path in-process and
 #             as a CLI process (closed-set), and the floors.
 #
@@ -99,7 +100,7 @@ main() {
         say "$name done"
     }
     bench market --size "$market"
-    bench exact-2m --size "$exact" --dtype float16 --methods device-all,cpu-all
+    bench exact-2m --size "$exact" --dtype float16 --methods device-closed,cpu-closed,device-all,cpu-all
     bench large-10m --size "$large" --dtype float16 --skip-cpu --methods device-closed,device,cli-device-closed,gemm-floor,read-floor
 
     say "finished with status $status; tables: $(cd "$out" && ls *.txt | tr '\n' ' ')"
