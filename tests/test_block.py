@@ -35,7 +35,7 @@ def features_block(qf: np.ndarray, gf: np.ndarray, metric: str, q_pid: np.ndarra
     nq, ng = qf.shape[0], gf.shape[0]
     empty_i, empty_f = np.zeros(1, np.int64), np.zeros(0)
     return block.Block(
-        qf @ gf.T, np.zeros((0, 0)), qf, gf, qa, ga, qn, gn, code,
+        qf @ gf.T, block.NOT_SCREENED, np.zeros((0, 0)), qf, gf, qa, ga, qn, gn, code,
         kernels.dot_error_bound(qf.shape[1], qf.dtype), kernels.dot_error_bound(qf.shape[1], np.float64),
         q_pid, g_pid, np.zeros(nq, np.int64), np.zeros((1, ng), np.uint8), np.ones(nq, np.uint64),
         np.ones(ng, np.uint64), 0, np.zeros(nq + 1, np.int64), empty_f, empty_i[:0], empty_f.astype(np.uint64))
@@ -67,6 +67,47 @@ def test_the_screen_lists_every_kept_negative_at_most_the_limit(metric, dtype, s
             assert negative[listed].all() and (np.diff(listed) > 0).all()
             if np.isfinite(limit):
                 assert (fast[listed] <= limit + 1e-5 * (abs(limit) + scale * scale * 16)).all()
+
+
+def device_words(passed: np.ndarray) -> np.ndarray:
+    """A device's screen as ``Block.hits``: 64-column words of bits, zero-padded (``sources.packed_bits``)."""
+    n_rows, n_cols = passed.shape
+    padded = np.zeros((n_rows, -(-n_cols // block.SCREEN_WORD) * block.SCREEN_WORD), dtype=bool)
+    padded[:, :n_cols] = passed
+    return np.packbits(padded, axis=1, bitorder="little").view(np.uint64)
+
+
+@settings(max_examples=40, deadline=None)
+@given(metric=st.sampled_from(METRICS), dtype=st.sampled_from([np.float32, np.float64]),
+       scale=st.sampled_from([1e-3, 1.0, 1e3]), n_rows=st.sampled_from([2, 63, 64, 70, 128, 131]),
+       fused=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_a_devices_screen_lists_every_row_the_hosts_screen_lists(metric, dtype, scale, n_rows, fused, seed):
+    """``screen_terms`` evaluated as a device may (in the dot products' precision, rounding after
+    the product and the sum, or once, as a fused multiply-add) at limits on rows' own fast
+    distances: ``device_hits`` lists every row ``within`` lists, so every kept negative at most the
+    limit, never one of the query's pid, in ascending order."""
+    rng = np.random.default_rng(seed)
+    gf = (scale * rng.standard_normal((n_rows, 16))).astype(dtype)
+    gf[n_rows // 2:2 * (n_rows // 2)] = gf[:n_rows // 2]
+    qf = (scale * rng.standard_normal((9, 16))).astype(dtype)
+    q_pid, g_pid = rng.integers(0, 4, 9), rng.integers(0, 4, n_rows)
+    blk = features_block(qf, gf, metric, q_pid, g_pid)
+    fast = np.array([[block.fast_distance(blk, i, j) for j in range(n_rows)] for i in range(9)])
+    limits = fast[np.arange(9), rng.integers(0, n_rows, 9)]
+    limits[0] = -np.inf  # a query without positives
+    kind, columns, low, slope, sign = block.screen_terms(blk, limits)
+    if fused:  # the product exact in float64, one rounding of the sum (float32 features)
+        threshold = (low.astype(np.float64)[:, None] + slope.astype(np.float64)[:, None] * columns[kind]).astype(dtype)
+    else:
+        threshold = low[:, None] + slope[:, None] * columns[kind]
+    screened = blk._replace(hits=device_words(sign * blk.dots >= threshold))
+    screen = block.screen_columns(blk)
+    cols, device_cols = np.empty(n_rows, dtype=np.int64), np.empty(n_rows, dtype=np.int64)
+    for i in range(9):
+        listed = cols[:block.within(blk, i, limits[i], screen, cols)]
+        from_device = device_cols[:block.device_hits(screened, i, device_cols)]
+        assert set(listed) <= set(from_device)
+        assert (g_pid[from_device] != q_pid[i]).all() and (np.diff(from_device) > 0).all()
 
 
 @settings(max_examples=40, deadline=None)

@@ -322,12 +322,12 @@ def test_distance_range_of_stored_distances_is_their_min_and_max():
 
 def _gom_block(dots, qa, ga, metric):
     """A Block of one camera and trial where every pair is a kept negative (pids differ)."""
-    from streameval.engine.block import Block
+    from streameval.engine.block import NOT_SCREENED, Block
 
     nq, ng = dots.shape
     ints = np.zeros
-    return Block(dots, np.zeros((0, 0)), dots, dots, qa, ga, np.sqrt(np.abs(qa)), np.sqrt(np.abs(ga)), metric, 0.0, 0.0,
-                 np.arange(nq, dtype=np.int64), np.arange(nq, nq + ng, dtype=np.int64), ints(nq, np.int64),
+    return Block(dots, NOT_SCREENED, np.zeros((0, 0)), dots, dots, qa, ga, np.sqrt(np.abs(qa)), np.sqrt(np.abs(ga)),
+                 metric, 0.0, 0.0, np.arange(nq, dtype=np.int64), np.arange(nq, nq + ng, dtype=np.int64), ints(nq, np.int64),
                  ints((1, ng), np.uint8), np.ones(nq, np.uint64), np.ones(ng, np.uint64), 0, ints(nq + 1, np.int64),
                  ints(0), ints(0, np.int64), ints(0, np.uint64))
 

@@ -56,6 +56,9 @@ Block = namedtuple("Block", [
 ])
 
 
+NOT_SCREENED = np.zeros((0, 0), dtype=np.uint64)  # Block.hits where no device screened the values
+
+
 @_jit
 def fill_distances(dots, qa, ga, metric, out):
     """out[i, j] = the fast distance of pair (i, j) from its GEMM dot product."""

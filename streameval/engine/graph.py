@@ -44,7 +44,7 @@ from ..core.progress import PAIR_OVERHEAD, RANGE_PAIR_OVERHEAD, pairs_work, read
 from ..protocols.rules import Rules, camera_codes, camera_table
 from .state import Positives
 from .statistic import StatState
-from .block import Block, dropped_columns, fill_distances
+from .block import NOT_SCREENED, Block, dropped_columns, fill_distances
 from ..store import FeatureSet, read_ids, read_rows
 
 MERGE_FAN_IN = 8
@@ -308,9 +308,6 @@ def _blocks(part: Part, start: int, stop: int, queries: Rows, positives: Positiv
             if filled:
                 fill_distances(dots, queries.terms[rows], gallery.terms, scoring.metric, dist)
             yield rows, blk
-
-
-NOT_SCREENED = np.zeros((0, 0), dtype=np.uint64)  # Block.hits where no device screened the values
 
 
 def _limits(statistics: tuple, blk):
