@@ -41,6 +41,15 @@ def features_block(qf: np.ndarray, gf: np.ndarray, metric: str, q_pid: np.ndarra
         np.ones(ng, np.uint64), 0, np.zeros(nq + 1, np.int64), empty_f, empty_i[:0], empty_f.astype(np.uint64))
 
 
+def screen_problem(rng, metric: str, dtype, scale: float, n_rows: int):
+    """A Block of 9 queries against ``n_rows`` gallery rows of 16 features at ``scale``, the second
+    half of the rows copies of the first (ties at a screen's edge), pids 0-3."""
+    gf = (scale * rng.standard_normal((n_rows, 16))).astype(dtype)
+    gf[n_rows // 2:2 * (n_rows // 2)] = gf[:n_rows // 2]
+    qf = (scale * rng.standard_normal((9, 16))).astype(dtype)
+    return features_block(qf, gf, metric, rng.integers(0, 4, 9), rng.integers(0, 4, n_rows))
+
+
 @settings(max_examples=40, deadline=None)
 @given(metric=st.sampled_from(METRICS), dtype=st.sampled_from([np.float32, np.float64]),
        scale=st.sampled_from([1e-3, 1.0, 1e3]), n_rows=st.sampled_from([2, 63, 64, 70, 128, 131]),
@@ -51,11 +60,8 @@ def test_the_screen_lists_every_kept_negative_at_most_the_limit(metric, dtype, s
     64 and past them; rows of the query's pid are never listed; anything listed beyond the limit is
     within a hair of it; listed in ascending order."""
     rng = np.random.default_rng(seed)
-    gf = (scale * rng.standard_normal((n_rows, 16))).astype(dtype)
-    gf[n_rows // 2:2 * (n_rows // 2)] = gf[:n_rows // 2]
-    qf = (scale * rng.standard_normal((9, 16))).astype(dtype)
-    q_pid, g_pid = rng.integers(0, 4, 9), rng.integers(0, 4, n_rows)
-    blk = features_block(qf, gf, metric, q_pid, g_pid)
+    blk = screen_problem(rng, metric, dtype, scale, n_rows)
+    q_pid, g_pid = blk.q_pid, blk.g_pid
     screen = block.screen_columns(blk)
     cols = np.empty(n_rows, dtype=np.int64)
     for i in range(9):
@@ -87,11 +93,8 @@ def test_a_devices_screen_lists_every_row_the_hosts_screen_lists(metric, dtype, 
     distances: ``device_hits`` lists every row ``within`` lists, so every kept negative at most the
     limit, never one of the query's pid, in ascending order."""
     rng = np.random.default_rng(seed)
-    gf = (scale * rng.standard_normal((n_rows, 16))).astype(dtype)
-    gf[n_rows // 2:2 * (n_rows // 2)] = gf[:n_rows // 2]
-    qf = (scale * rng.standard_normal((9, 16))).astype(dtype)
-    q_pid, g_pid = rng.integers(0, 4, 9), rng.integers(0, 4, n_rows)
-    blk = features_block(qf, gf, metric, q_pid, g_pid)
+    blk = screen_problem(rng, metric, dtype, scale, n_rows)
+    q_pid, g_pid = blk.q_pid, blk.g_pid
     fast = np.array([[block.fast_distance(blk, i, j) for j in range(n_rows)] for i in range(9)])
     limits = fast[np.arange(9), rng.integers(0, n_rows, 9)]
     limits[0] = -np.inf  # a query without positives
