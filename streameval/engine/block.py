@@ -153,8 +153,9 @@ def screen_columns(blk):
     return kind, columns, blk.ga.max() if blk.ga.shape[0] else 0.0, hit_words
 
 
-# A device's screen (``screen_terms``) is loosened by twice the rounding units of ``within``'s, so
-# every row within's own screen passes, passes the device's too, whatever order a device rounds in.
+# A device's screen (``screen_terms``) is loosened by twice the rounding units of ``within``'s: a row
+# that passes within's screen passes the device's too, whatever order the device rounds in (a fused
+# multiply-add included; tests/test_block.py).
 DEVICE_SCREEN_ROUNDINGS = 2 * SCREEN_ROUNDINGS
 
 

@@ -64,7 +64,9 @@ class Statistic:
     def limits(self, blk):
         """Per query row of ``blk``, the fast distance beyond which ``update`` reads no pair of the
         block (its dot products there may be left unset: ``sources.DeviceSource.fill``); None where
-        it reads every pair."""
+        it reads every pair.  Asked before the block's dot products are made: read only the rest
+        of it (terms, norms, positives).  ``update`` may take the rows ``block.device_hits`` lists
+        from such a block instead of ``block.within``'s: a few beyond the limit, decided exactly."""
         return None
 
     def update(self, blk, rows: slice, state: dict, aux, run) -> None:
