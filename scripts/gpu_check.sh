@@ -9,12 +9,18 @@
 #             each block) and every statistic (default options + open-set + verification: every dot
 #             product copied back) on the device and on the CPU path, the numbers compared (SAME);
 #   large-10m 10,000 x 10,000,000 x 256 (float16, CPU path skipped): the device path in-process and
-#             as a CLI process (closed-set), and the floors.
+#             as a CLI process (closed-set), and the floors;
+#   large-10m-gom  the same store, the default options (GOM: every dot product copied back), in-process.
+# They run in the order market, large-10m, exact-2m, large-10m-gom: the goals' figures first, the
+# longest and least telling run last, so that a run cut short by a lease's minutes keeps the rest.
 #
-# Usage: bash scripts/gpu_check.sh [--device DEV] [--tiny]
-#   --device DEV  cuda (default), cuda:N, or torch:cpu (the device path's code on the CPU: to try
-#                 this script on a machine without a GPU)
-#   --tiny        the same steps on tiny problems (seconds; with --device torch:cpu, a dry run)
+# Usage: bash scripts/gpu_check.sh [--device DEV] [--tiny] [--stop-after S]
+#   --device DEV    cuda (default), cuda:N, or torch:cpu (the device path's code on the CPU: to try
+#                   this script on a machine without a GPU)
+#   --tiny          the same steps on tiny problems (seconds; with --device torch:cpu, a dry run)
+#   --stop-after S  end by S seconds after the start: a problem not begun by then is skipped, the one
+#                   running then is stopped (both said in the log, and the exit status is 1), and the
+#                   summary is still printed
 # Environment: OUT (where the tables go; default ./gpu-out), PYTHON (default python3: the one that
 #   holds torch), GPU_WHEELHOUSE (default wheelhouse/), GPU_CHECK_WORK (the venv, made afresh, and
 #   the stores, reused by a rerun; default /tmp/streameval-gpu-check).
@@ -25,13 +31,16 @@ set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd -P)"
 device=cuda
 tiny=0
+stop_after=0  # seconds; 0: no deadline
 while [ $# -gt 0 ]; do
     case "$1" in
         --device) device="${2:?--device needs a value}"; shift 2 ;;
         --tiny) tiny=1; shift ;;
-        *) echo "usage: bash scripts/gpu_check.sh [--device DEV] [--tiny]" >&2; exit 2 ;;
+        --stop-after) stop_after="${2:?--stop-after needs a number of seconds}"; shift 2 ;;
+        *) echo "usage: bash scripts/gpu_check.sh [--device DEV] [--tiny] [--stop-after S]" >&2; exit 2 ;;
     esac
 done
+[[ "$stop_after" =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --stop-after takes whole seconds, not '$stop_after'" >&2; exit 2; }
 out="${OUT:-$PWD/gpu-out}"
 python="${PYTHON:-python3}"
 wheelhouse="${GPU_WHEELHOUSE:-$root/wheelhouse}"
@@ -88,23 +97,30 @@ main() {
     say "installed"
 
     # 2. the problems, each with its table and JSON; stores kept in $work/stores for a rerun
-    bench() {  # NAME ARGS...: one bench.py run
-        local name="$1"
+    bench() {  # NAME ARGS...: one bench.py run, within what is left of --stop-after
+        local name="$1" limit=()
         shift
+        if [ "$stop_after" -gt 0 ]; then
+            local left=$(( stop_after - SECONDS ))
+            [ "$left" -ge 10 ] || { fail "$name: skipped, --stop-after $stop_after s reached"; return; }
+            limit=(timeout "$left")  # signals bench.py's process group: its children too
+        fi
         say "$name: scripts/bench.py --device $device $* (store generated first if missing) ..."
-        "$venv/bin/python" "$root/scripts/bench.py" --device "$device" --workdir "$work/stores" --json "$out/$name.json" \
-            "$@" | tee "$out/$name.txt"
+        "${limit[@]}" "$venv/bin/python" "$root/scripts/bench.py" --device "$device" --workdir "$work/stores" \
+            --json "$out/$name.json" "$@" | tee "$out/$name.txt"
         local rc=${PIPESTATUS[0]}
+        [ $rc != 124 ] || [ "${#limit[@]}" = 0 ] || { fail "$name: stopped, --stop-after $stop_after s reached"; return; }
         [ $rc = 0 ] || fail "$name: bench.py exited with $rc"
         ! grep -q "FAILED" "$out/$name.txt" || fail "$name: a method failed (its table says which, the log why)"
         say "$name done"
     }
     bench market --size "$market"
+    bench large-10m --size "$large" --dtype float16 --skip-cpu --methods device-closed,cli-device-closed,gemm-floor,read-floor
     bench exact-2m --size "$exact" --dtype float16 --methods device-closed,cpu-closed,device-all,cpu-all
-    bench large-10m --size "$large" --dtype float16 --skip-cpu --methods device-closed,device,cli-device-closed,gemm-floor,read-floor
+    bench large-10m-gom --size "$large" --dtype float16 --skip-cpu --methods device
 
     say "finished with status $status; tables: $(cd "$out" && ls *.txt | tr '\n' ' ')"
-    grep -h "^=== \|^floor\|^goal\|^numbers\|FAILED\|!!!" "$out"/market.txt "$out"/exact-2m.txt "$out"/large-10m.txt 2>/dev/null
+    grep -h "^=== \|^floor\|^goal\|^numbers\|FAILED\|!!!" "$out"/market.txt "$out"/large-10m.txt "$out"/exact-2m.txt "$out"/large-10m-gom.txt 2>/dev/null
     return $status
 }
 
