@@ -17,9 +17,9 @@ two floors, on each problem of the usual ``--size`` / ``--noise`` / ``--dtype`` 
                      uploaded and multiplied with its query block on the device (torch, TF32 off and
                      probed: streameval's ``engine.device.gemm_device``), synchronised, the product
                      discarded.  Its breakdown also gives the GEMMs alone on device-resident operands
-                     and, outside the floor, the dot products copied back to the host by sub-blocks
-                     of ``engine.graph.QUERY_SUB_BLOCK`` queries, as the device path does where a
-                     statistic reads every pair;
+                     and, outside the floor, the dot products copied back to the host by the
+                     device's calls (``DeviceSource.call_rows`` queries), as the device path does
+                     where a statistic reads every pair;
   read-floor         reading the store alone: every gallery chunk of the same plan read and upcast on
                      the plan's worker threads, as evaluate reads them, no GEMM.
 
@@ -147,10 +147,10 @@ def timed_read(args, g_fs, ranges: list, n_blocks: int, workers: int, dtype) -> 
 
 def timed_gemm(args, where, queries, blocks: list, chunks: list) -> dict:
     """Upload + GEMM over the plan (the floor), then, in the breakdown, the GEMMs alone on resident
-    operands and the dot products copied back to the host by query sub-blocks (not in the floor)."""
+    operands and the dot products copied back to the host by the device's calls (not in the floor)."""
     from bench import timed_runs
     from streameval.engine import device as devices
-    from streameval.engine.graph import QUERY_SUB_BLOCK
+    from streameval.engine.sources import DeviceSource
 
     torch = devices.torch_module()
 
@@ -190,13 +190,16 @@ def timed_gemm(args, where, queries, blocks: list, chunks: list) -> dict:
     detail["gemm resident"] = time.perf_counter() - t
     del q, g
     t = time.perf_counter()
-    host = devices.host_allocator(args.device)(QUERY_SUB_BLOCK * max(c.shape[0] for c in chunks), queries.dtype)
+    source = DeviceSource(0, 0.0, 0.0, args.device)  # for the shape of its calls alone
+    widest = max(c.shape[0] for c in chunks)
+    host = devices.host_allocator(args.device)(source.call_rows(widest) * widest, queries.dtype)
     for qa, qb in blocks:
         q = upload(queries[qa:qb])
         for chunk in chunks:
             g = upload(chunk)
-            for first in range(0, qb - qa, QUERY_SUB_BLOCK):
-                dots = torch.matmul(q[first:first + QUERY_SUB_BLOCK], g.T)
+            step = source.call_rows(chunk.shape[0])
+            for first in range(0, qb - qa, step):
+                dots = torch.matmul(q[first:first + step], g.T)
                 torch.from_numpy(host[:dots.numel()].reshape(dots.shape)).copy_(dots)
     synchronise()
     detail["dots copied back (not in the floor)"] = time.perf_counter() - t

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import streameval
-from streameval.engine import sources
+from streameval.engine import graph, sources
 from streameval.engine.device import DeviceError, check_strict, parse_device
 from streameval.core.errors import OptionError
 
@@ -134,6 +134,19 @@ def test_the_device_copies_back_the_pairs_within_reach_only(run, monkeypatch):
         assert comparable(on_device) == comparable(streameval.evaluate(data, gallery_chunk=chunk, **options))
         values, pairs = np.sum(copied, axis=0)
         assert 0 < values < pairs / 2
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_a_gpus_calls_of_several_sub_blocks_give_the_cpu_paths_numbers(run, monkeypatch):
+    """A GPU's call covers many query sub-blocks (``DeviceSource.call_rows``): here sub-blocks of 8
+    query rows in calls of 20 rows, so a call holds whole sub-blocks and a part of one, and the
+    last call is shorter."""
+    pytest.importorskip("torch")
+    monkeypatch.setattr(graph, "QUERY_SUB_BLOCK", 8)
+    monkeypatch.setattr(sources.DeviceSource, "call_rows", lambda self, n_cols: 20)
+    data, options = identities(seed=len(run)), RUNS[run]
+    on_device = streameval.evaluate(data, device=DEVICE, **options)
+    assert comparable(on_device) == comparable(streameval.evaluate(data, **options))
 
 
 def run_cli(*args) -> subprocess.CompletedProcess:

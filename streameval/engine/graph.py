@@ -279,35 +279,56 @@ def score_chunk(part: Part, start: int, stop: int, queries: Rows, positives: Pos
     return state
 
 
+NO_DISTANCES = np.zeros((0, 0))  # Block.dist where no statistic reads the filled distances
+
+
 def _blocks(part: Part, start: int, stop: int, queries: Rows, positives: Positives, scoring: Scoring, meta):
     """(query row slice, Block) per QUERY_SUB_BLOCK query rows and GALLERY_SUB_BLOCK rows of the
     part's rows [start, stop): a task's values are made a few MiB at a time, so the kernels read
     them from cache and the task's memory grows with neither the query block nor the rows it reads
     (a task reads whole store chunks where it can: reading a part of one decodes all of it).
-    A source that ``screens`` (a device's) fills each Block's values itself, only those within the
-    statistics' ``limits`` where every statistic declares some."""
+    A source that ``screens`` (a device's) makes the values of ``call_rows`` query rows in one
+    call (``_screened``) and the sub-blocks are rows of them."""
     chunk = load_rows(part.fs, slice(start, stop), scoring, meta, part)
     filled = any(stat.reads_distances for stat in scoring.statistics)
     source = scoring.source
+    n_queries = len(queries.pids)
     q_codes, q_cix = camera_codes(queries.camids)  # the block's cameras, for all its sub-blocks
     for cols in _slices(stop - start, GALLERY_SUB_BLOCK):
         gallery = chunk.sub(cols)
         g_dropped = _dropped(scoring.rules, q_codes, gallery)
-        for rows in _slices(len(queries.pids), QUERY_SUB_BLOCK):
-            dots = (source.host_dots(queries, chunk, rows, cols) if source.screens
-                    else source.block(part, start, stop, queries, chunk, rows, cols))
-            dist = scratch.buffer("distances", np.float64, dots.shape if filled else (0, 0))
-            blk = Block(
-                dots, NOT_SCREENED, dist, source.exact(queries.features[rows], dots), gallery.features,
+
+        def block(rows: slice, dots: np.ndarray, hits: np.ndarray = NOT_SCREENED, dist: np.ndarray = NO_DISTANCES):
+            return Block(
+                dots, hits, dist, source.exact(queries.features[rows], dots), gallery.features,
                 queries.terms[rows], gallery.terms, queries.norms[rows], gallery.norms, source.metric, source.c_dot,
                 source.c_refine, queries.pids[rows], gallery.pids, q_cix[rows], g_dropped, queries.bits[rows],
                 gallery.bits, part.offset + start + cols.start, positives.offsets[rows.start:rows.stop + 1],
                 positives.dist, positives.gidx, positives.bits)
-            if source.screens:
-                blk = source.fill(blk, queries, chunk, rows, cols, _limits(scoring.statistics, blk))
-            if filled:
-                fill_distances(dots, queries.terms[rows], gallery.terms, scoring.metric, dist)
-            yield rows, blk
+
+        calls = _slices(n_queries, source.call_rows(cols.stop - cols.start)) if source.screens else [None]
+        for call in calls:
+            screened = None if call is None else _screened(block, scoring.statistics, source, queries, chunk, call, cols)
+            for rows in _slices(n_queries, QUERY_SUB_BLOCK) if call is None else _slices(call.stop, QUERY_SUB_BLOCK,
+                                                                                          call.start):
+                if screened is None:
+                    dots, hits = source.block(part, start, stop, queries, chunk, rows, cols), NOT_SCREENED
+                else:
+                    own = slice(rows.start - call.start, rows.stop - call.start)
+                    dots, hits = screened.dots[own], screened.hits[own]
+                dist = NO_DISTANCES
+                if filled:
+                    dist = scratch.buffer("distances", np.float64, dots.shape)
+                    fill_distances(dots, queries.terms[rows], gallery.terms, scoring.metric, dist)
+                yield rows, block(rows, dots, hits, dist)
+
+
+def _screened(block, statistics: tuple, source, queries: Rows, chunk: Rows, rows: slice, cols: slice):
+    """The Block of the query rows ``rows`` against the gallery rows ``cols``, its values made by a
+    source that screens: only those within the statistics' ``limits`` where every statistic
+    declares some."""
+    whole = block(rows, source.host_dots(queries, chunk, rows, cols))
+    return source.fill(whole, queries, chunk, rows, cols, _limits(statistics, whole))
 
 
 def _limits(statistics: tuple, blk):
@@ -325,9 +346,9 @@ def sub_blocks(n_queries: int, n_rows: int):
             yield rows, cols
 
 
-def _slices(n: int, step: int):
-    """slice(a, b) over [0, n) in steps of ``step``."""
-    for first in range(0, n, step):
+def _slices(n: int, step: int, start: int = 0):
+    """slice(a, b) over [start, n) in steps of ``step``."""
+    for first in range(start, n, step):
         yield slice(first, min(first + step, n))
 
 
