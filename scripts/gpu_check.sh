@@ -11,8 +11,11 @@
 #   large-10m 10,000 x 10,000,000 x 256 (float16, CPU path skipped): the device path in-process and
 #             as a CLI process (closed-set), and the floors;
 #   large-10m-gom  the same store, the default options (GOM: every dot product copied back), in-process.
-# They run in the order market, large-10m, exact-2m, large-10m-gom: the goals' figures first, the
-# longest and least telling run last, so that a run cut short by a lease's minutes keeps the rest.
+# First scripts/gpu_startup.py (startup.txt: what a process pays before its first block), then the
+# problems in the order market, exact-2m, large-10m, large-10m-gom: the shorter first, the longest
+# and least telling last, so that a run cut short by a lease's minutes keeps the rest.  (On an H100,
+# 2026-11-28, market took 94 s with the store made and numba's cache filled; large-10m's first run
+# had not ended 5 minutes later, before the device's calls covered many sub-blocks.)
 #
 # Usage: bash scripts/gpu_check.sh [--device DEV] [--tiny] [--stop-after S]
 #   --device DEV    cuda (default), cuda:N, or torch:cpu (the device path's code on the CPU: to try
@@ -24,8 +27,8 @@
 # Environment: OUT (where the tables go; default ./gpu-out), PYTHON (default python3: the one that
 #   holds torch), GPU_WHEELHOUSE (default wheelhouse/), GPU_CHECK_WORK (the venv, made afresh, and
 #   the stores, reused by a rerun; default /tmp/streameval-gpu-check).
-# Writes to $OUT: gpu-check.log (everything printed), and per problem NAME.txt (its table) and
-# NAME.json (bench.py --json).  Exit status: 0, or 1 if a device and the CPU path gave different
+# Writes to $OUT: gpu-check.log (everything printed), startup.txt, and per problem NAME.txt (its
+# table) and NAME.json (bench.py --json).  Exit status: 0, or 1 if a device and the CPU path gave different
 # numbers or a step failed (the log says which).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd -P)"
@@ -114,13 +117,16 @@ main() {
         ! grep -q "FAILED" "$out/$name.txt" || fail "$name: a method failed (its table says which, the log why)"
         say "$name done"
     }
+    say "startup: scripts/gpu_startup.py --device $device ..."
+    "$venv/bin/python" "$root/scripts/gpu_startup.py" --device "$device" | tee "$out/startup.txt" \
+        || fail "startup: gpu_startup.py failed"
     bench market --size "$market"
-    bench large-10m --size "$large" --dtype float16 --skip-cpu --methods device-closed,cli-device-closed,gemm-floor,read-floor
     bench exact-2m --size "$exact" --dtype float16 --methods device-closed,cpu-closed,device-all,cpu-all
+    bench large-10m --size "$large" --dtype float16 --skip-cpu --methods device-closed,cli-device-closed,gemm-floor,read-floor
     bench large-10m-gom --size "$large" --dtype float16 --skip-cpu --methods device
 
     say "finished with status $status; tables: $(cd "$out" && ls *.txt | tr '\n' ' ')"
-    grep -h "^=== \|^floor\|^goal\|^numbers\|FAILED\|!!!" "$out"/market.txt "$out"/large-10m.txt "$out"/exact-2m.txt "$out"/large-10m-gom.txt 2>/dev/null
+    grep -h "^=== \|^floor\|^goal\|^numbers\|FAILED\|!!!" "$out"/market.txt "$out"/exact-2m.txt "$out"/large-10m.txt "$out"/large-10m-gom.txt 2>/dev/null
     return $status
 }
 

@@ -80,10 +80,11 @@ class FeatureSource:
         return kernels.pair_distances(queries.features, features, qrows, grows, queries.terms, terms, self.metric)
 
 
-# pairs of one call on a GPU at most: 16 MiB of float32 products, in a thread's host buffer of as many
-# (where the statistics read every pair; else the pairs that pass, in one more), about the host
-# memory of a CPU path's sub-block (512 x 4,096 dot products and their scratch)
-DEVICE_CALL_PAIRS = 1 << 22
+# pairs of one call on a GPU at most: 32 MiB of float32 products in a worker thread's host buffer
+# (and the pairs that pass the screen in one more, as large as they need; a CPU path's sub-block
+# takes 512 x 4,096 pairs x 52 bytes, ``plan.PAIR_SCRATCH_BYTES``): a task of 10,000 queries x 512
+# gallery rows (the default plan with 16 workers) is one call
+DEVICE_CALL_PAIRS = 1 << 23
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,8 @@ class DeviceSource(FeatureSource):
         hits = scratch.buffer("device-hits", np.uint8, (n_rows, -(-n_cols // SCREEN_WORD) * SCREEN_WORD // 8), allocate)
         torch.from_numpy(hits).copy_(packed_bits(torch, passed, SCREEN_WORD))
         found = product[passed]
-        values = scratch.buffer("device-hit-dots", blk.dots.dtype, (n_rows * n_cols,), allocate)[:found.shape[0]]
+        room = 1 << max(found.shape[0] - 1, 0).bit_length()  # grown by doubling: few page-locked allocations
+        values = scratch.buffer("device-hit-dots", blk.dots.dtype, (room,), allocate)[:found.shape[0]]
         torch.from_numpy(values).copy_(found)
         words = hits.view(np.uint64)
         spread_hits(words, values, blk.dots)
