@@ -245,6 +245,10 @@ def parse_args(argv=None):
                    help="--device: leave out the CPU path's runs (cpu-*), e.g. at 10,000 x 10,000,000")
     p.add_argument("--precision", choices=("float32", "float64"), default=None,
                    help="--device: the GEMMs' precision, of both paths and the GEMM floor (default: float32)")
+    p.add_argument("--memory-budget", default=None, metavar="SIZE",
+                   help="--device: every run's memory budget (evaluate's memory_budget, the CLI's --memory-budget; "
+                        "default theirs, 1GiB), e.g. 32GiB on a GPU machine of many cores, whose default plan reads "
+                        "each store chunk in many small tasks")
     p.add_argument("--rerank-scale", type=float, default=1.0, metavar="S",
                    help="--rerank: the sizes' rows and identities times S (e.g. 0.02 for a quick check; default: 1)")
     p.add_argument("--trials", type=int, default=10,
@@ -291,8 +295,8 @@ def parse_args(argv=None):
             check_rerank_args(p, args)
         if args.device is not None:
             check_device_args(p, args)
-        elif args.skip_cpu or args.precision:
-            p.error("--skip-cpu and --precision go with --device")
+        elif args.skip_cpu or args.precision or args.memory_budget:
+            p.error("--skip-cpu, --precision and --memory-budget go with --device")
         if args.against is not None:
             if args.protocols or args.suite:
                 p.error("--against compares the default mode's methods: not with --protocols or --suite")
@@ -583,7 +587,8 @@ def run_streameval(args) -> dict:
     import streameval
 
     options = _variant_options(args._run, args._store, args.metric, args.trials)
-    options.update({k: v for k, v in (("device", args.device), ("precision", args.precision)) if v})  # --device mode
+    options.update({k: v for k, v in (("device", args.device), ("precision", args.precision),
+                                      ("memory_budget", args.memory_budget)) if v})  # --device mode
     # each variant compiles its own statistics (verification, sgs, dedup, trial masks): warm those
     warm, warm_note = warm_jit(args.metric, options)
 
@@ -1474,6 +1479,7 @@ def print_header(facts: dict, args) -> None:
     print(f"problems: each size at {', '.join(noise_label(noise) for noise in args.noises)}")
     if args.device:
         print(f"device  : {args.device} (torch {_torch_version()}), precision {args.precision or 'float32'}"
+              + f", memory budget {args.memory_budget or '1GiB (the default)'}"
               + (", CPU path skipped (--skip-cpu)" if args.skip_cpu else ""))
     print("timing  : wall time of the evaluation only (no process start, imports or JIT warm-up), each method in a "
           "fresh child process; peak RSS = the child's VmHWM over the timed run(s), base = its RSS before them; "
@@ -1848,7 +1854,8 @@ def main(argv=None) -> int:
     if args.protocols:
         out["options"].update(protocols=True, trials=args.trials, classic_budget=args.classic_budget)
     if args.device:
-        out["options"].update(device=args.device, precision=args.precision or "float32", skip_cpu=args.skip_cpu)
+        out["options"].update(device=args.device, precision=args.precision or "float32", skip_cpu=args.skip_cpu,
+                              memory_budget=args.memory_budget)
     rev = prepare_revision(args.against, args.workdir) if args.against else None
     if rev:
         print_revision(rev)

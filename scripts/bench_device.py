@@ -62,10 +62,12 @@ def device_methods(methods: str | None, skip_cpu: bool) -> tuple[list, list]:
 
 
 def child_options(args, on_device: bool) -> list:
-    """The command-line options a child of this mode is given: the device (for the device's children)
-    and the precision (for every child: the CPU path must compute the same numbers)."""
+    """The command-line options a child of this mode is given: the device (for the device's children),
+    the precision (for every child: the CPU path must compute the same numbers) and the memory
+    budget (every child: the same plan)."""
     device = ["--device", args.device] if on_device else []
-    return device + (["--precision", args.precision] if args.precision else [])
+    return (device + (["--precision", args.precision] if args.precision else [])
+            + (["--memory-budget", args.memory_budget] if args.memory_budget else []))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -104,12 +106,13 @@ def run_device_floors(args) -> dict:
 
 def floor_plan(args, store, dtype):
     """The chunk plan the device run reported (``--_plan QB,GC,WORKERS``), else evaluate's own."""
-    from streameval.engine.plan import DEFAULT_MEMORY_BUDGET, make_plan
+    from streameval.engine.plan import DEFAULT_MEMORY_BUDGET, make_plan, parse_bytes
 
     query_block, gallery_chunk, workers = (int(v) for v in args._plan.split(",")) if args._plan else (None, None, None)
     return make_plan(len(store.query), len(store.gallery), store.dim, dtype.itemsize,
                      store.gallery.features.dtype.itemsize, store.gallery.chunk_rows, workers or os.cpu_count() or 1,
-                     DEFAULT_MEMORY_BUDGET, query_block, gallery_chunk)
+                     parse_bytes(args.memory_budget) if args.memory_budget else DEFAULT_MEMORY_BUDGET,
+                     query_block, gallery_chunk)
 
 
 def read_chunks(g_fs, ranges: list, workers: int, dtype, keep: bool = True) -> list | None:

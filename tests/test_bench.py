@@ -24,6 +24,7 @@ sys.path.insert(0, str(SCRIPTS))
 
 import bench  # noqa: E402
 import bench_against  # noqa: E402
+import bench_device  # noqa: E402
 
 
 def test_noise_names_the_problems():
@@ -269,10 +270,21 @@ def test_device_mode_methods():
     assert skip.methods == ["device-all", "read-floor"]
 
 
+def test_device_mode_gives_every_child_the_precision_and_the_memory_budget():
+    """Both paths evaluate with the same options but the device: the same numbers, the same plan."""
+    args = bench.parse_args(["--device", "torch:cpu", "--precision", "float64", "--memory-budget", "16GiB"])
+    shared = ["--precision", "float64", "--memory-budget", "16GiB"]
+    assert bench_device.child_options(args, True) == ["--device", "torch:cpu", *shared]
+    assert bench_device.child_options(args, False) == shared
+    child = bench.parse_args(["--_run", "se-closed", "--_store", "s.zarr", "--_out", "o.json", *shared])
+    assert child.memory_budget == "16GiB"
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--device", "gpu0"], "--device: device must be cpu, cuda or cuda:N"),
     (["--device", "cpu"], "--device: the CPU path is the default"),
-    (["--skip-cpu"], "--skip-cpu and --precision go with --device"),
+    (["--skip-cpu"], "--skip-cpu, --precision and --memory-budget go with --device"),
+    (["--memory-budget", "16GiB"], "--skip-cpu, --precision and --memory-budget go with --device"),
     (["--device", "cuda", "--protocols"], "--device is a separate mode"),
     (["--device", "cuda", "--methods", "floor"], "--methods: unknown floor"),
 ])
