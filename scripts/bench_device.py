@@ -153,7 +153,7 @@ def timed_gemm(args, where, queries, blocks: list, chunks: list) -> dict:
     operands and the dot products copied back to the host by the device's calls (not in the floor)."""
     from bench import timed_runs
     from streameval.engine import device as devices
-    from streameval.engine.sources import DeviceSource
+    from streameval.engine.sources import block_source
 
     torch = devices.torch_module()
 
@@ -193,7 +193,7 @@ def timed_gemm(args, where, queries, blocks: list, chunks: list) -> dict:
     detail["gemm resident"] = time.perf_counter() - t
     del q, g
     t = time.perf_counter()
-    source = DeviceSource(0, 0.0, 0.0, args.device)  # for the shape of its calls alone
+    source = block_source(args.metric, queries.shape[1], queries.dtype, args.device)  # for its calls' shape
     widest = max(c.shape[0] for c in chunks)
     host = devices.host_allocator(args.device)(source.call_rows(widest) * widest, queries.dtype)
     for qa, qb in blocks:

@@ -140,13 +140,22 @@ def test_the_device_copies_back_the_pairs_within_reach_only(run, monkeypatch):
 def test_a_gpus_calls_of_several_sub_blocks_give_the_cpu_paths_numbers(run, monkeypatch):
     """A GPU's call covers many query sub-blocks (``DeviceSource.call_rows``): here sub-blocks of 8
     query rows in calls of 20 rows, so a call holds whole sub-blocks and a part of one, and the
-    last call is shorter."""
+    last call is shorter (and, in query blocks of 13, a call shorter than its rows allow)."""
     pytest.importorskip("torch")
     monkeypatch.setattr(graph, "QUERY_SUB_BLOCK", 8)
     monkeypatch.setattr(sources.DeviceSource, "call_rows", lambda self, n_cols: 20)
     data, options = identities(seed=len(run)), RUNS[run]
-    on_device = streameval.evaluate(data, device=DEVICE, **options)
-    assert comparable(on_device) == comparable(streameval.evaluate(data, **options))
+    for chunks in (dict(), dict(query_block=13, gallery_chunk=61)):
+        on_device = streameval.evaluate(data, device=DEVICE, **chunks, **options)
+        assert comparable(on_device) == comparable(streameval.evaluate(data, **chunks, **options))
+
+
+def test_a_gpus_call_covers_whole_sub_blocks_up_to_its_pairs():
+    """On a GPU a call covers as many 512-query sub-blocks as DEVICE_CALL_PAIRS (8,388,608) allow,
+    one at least; torch:cpu's is one sub-block, whose temporaries stay in cache."""
+    gpu = sources.block_source("euclidean", 256, np.float32, "cuda:0")  # made, not opened: no GPU needed
+    assert [gpu.call_rows(n) for n in (256, 512, 4096, 16384, 1 << 15)] == [32768, 16384, 2048, 512, 512]
+    assert sources.block_source("euclidean", 256, np.float32, DEVICE).call_rows(256) == 512
 
 
 def run_cli(*args) -> subprocess.CompletedProcess:

@@ -288,7 +288,8 @@ def _blocks(part: Part, start: int, stop: int, queries: Rows, positives: Positiv
     them from cache and the task's memory grows with neither the query block nor the rows it reads
     (a task reads whole store chunks where it can: reading a part of one decodes all of it).
     A source that ``screens`` (a device's) makes the values of ``call_rows`` query rows in one
-    call (``_screened``) and the sub-blocks are rows of them."""
+    call (``_screened``: at most ``sources.DEVICE_CALL_PAIRS`` values, in the thread's buffer) and
+    the sub-blocks are rows of them; another source's call is every query row of the task."""
     chunk = load_rows(part.fs, slice(start, stop), scoring, meta, part)
     filled = any(stat.reads_distances for stat in scoring.statistics)
     source = scoring.source
@@ -306,11 +307,10 @@ def _blocks(part: Part, start: int, stop: int, queries: Rows, positives: Positiv
                 gallery.bits, part.offset + start + cols.start, positives.offsets[rows.start:rows.stop + 1],
                 positives.dist, positives.gidx, positives.bits)
 
-        calls = _slices(n_queries, source.call_rows(cols.stop - cols.start)) if source.screens else [None]
-        for call in calls:
-            screened = None if call is None else _screened(block, scoring.statistics, source, queries, chunk, call, cols)
-            for rows in _slices(n_queries, QUERY_SUB_BLOCK) if call is None else _slices(call.stop, QUERY_SUB_BLOCK,
-                                                                                          call.start):
+        call_rows = source.call_rows(cols.stop - cols.start) if source.screens else max(n_queries, 1)
+        for call in _slices(n_queries, call_rows):
+            screened = _screened(block, scoring.statistics, source, queries, chunk, call, cols) if source.screens else None
+            for rows in _slices(call.stop, QUERY_SUB_BLOCK, call.start):
                 if screened is None:
                     dots, hits = source.block(part, start, stop, queries, chunk, rows, cols), NOT_SCREENED
                 else:
