@@ -247,8 +247,7 @@ def parse_args(argv=None):
                    help="--device: the GEMMs' precision, of both paths and the GEMM floor (default: float32)")
     p.add_argument("--memory-budget", default=None, metavar="SIZE",
                    help="--device: every run's memory budget (evaluate's memory_budget, the CLI's --memory-budget; "
-                        "default theirs, 1GiB), e.g. 32GiB on a GPU machine of many cores, whose default plan reads "
-                        "each store chunk in many small tasks")
+                        "default theirs: 512MiB a worker, at least 1GiB, at most a quarter of the machine's memory)")
     p.add_argument("--rerank-scale", type=float, default=1.0, metavar="S",
                    help="--rerank: the sizes' rows and identities times S (e.g. 0.02 for a quick check; default: 1)")
     p.add_argument("--trials", type=int, default=10,
@@ -724,12 +723,11 @@ def timed_floor(args, lhs_rows, n_lhs: int, rhs_rows, n_rhs: int, dim: int, stor
     ``rhs_rows(a, b)`` read rows a..b of either side (the query and gallery sets, or U twice)."""
     import numpy as np
 
-    from streameval.engine.plan import DEFAULT_MEMORY_BUDGET, make_plan
+    from streameval.engine.plan import make_plan
 
     dtype = np.dtype("float32")  # evaluate's default precision
     workers = os.cpu_count() or 1  # what evaluate uses without a distributed client
-    plan = make_plan(n_lhs, n_rhs, dim, dtype.itemsize, stored_itemsize, chunk_rows, workers, DEFAULT_MEMORY_BUDGET,
-                     None, None)
+    plan = make_plan(n_lhs, n_rhs, dim, dtype.itemsize, stored_itemsize, chunk_rows, workers)
     cosine = args.metric == "cosine"
 
     t0 = time.perf_counter()
@@ -1479,12 +1477,19 @@ def print_header(facts: dict, args) -> None:
     print(f"problems: each size at {', '.join(noise_label(noise) for noise in args.noises)}")
     if args.device:
         print(f"device  : {args.device} (torch {_torch_version()}), precision {args.precision or 'float32'}"
-              + f", memory budget {args.memory_budget or '1GiB (the default)'}"
+              + f", memory budget {args.memory_budget or _default_budget() + ' (the default)'}"
               + (", CPU path skipped (--skip-cpu)" if args.skip_cpu else ""))
     print("timing  : wall time of the evaluation only (no process start, imports or JIT warm-up), each method in a "
           "fresh child process; peak RSS = the child's VmHWM over the timed run(s), base = its RSS before them; "
           "'process': whole processes, spawn to exit")
     print()
+
+
+def _default_budget() -> str:
+    """The memory budget a run on this machine's cores plans for when it names none."""
+    from streameval.engine.plan import default_memory_budget, format_bytes
+
+    return format_bytes(default_memory_budget(os.cpu_count() or 1))
 
 
 def _torch_version() -> str | None:

@@ -106,12 +106,12 @@ def run_device_floors(args) -> dict:
 
 def floor_plan(args, store, dtype):
     """The chunk plan the device run reported (``--_plan QB,GC,WORKERS``), else evaluate's own."""
-    from streameval.engine.plan import DEFAULT_MEMORY_BUDGET, make_plan, parse_bytes
+    from streameval.engine.plan import make_plan
 
     query_block, gallery_chunk, workers = (int(v) for v in args._plan.split(",")) if args._plan else (None, None, None)
     return make_plan(len(store.query), len(store.gallery), store.dim, dtype.itemsize,
                      store.gallery.features.dtype.itemsize, store.gallery.chunk_rows, workers or os.cpu_count() or 1,
-                     parse_bytes(args.memory_budget) if args.memory_budget else DEFAULT_MEMORY_BUDGET,
+                     args.memory_budget,
                      query_block, gallery_chunk)
 
 

@@ -8,7 +8,6 @@
 #   exact-2m  10,000 x 2,000,000 x 256 (float16): ranking alone (--no-gom: the device's screen of
 #             each block) and every statistic (default options + open-set + verification: every dot
 #             product copied back) on the device and on the CPU path, the numbers compared (SAME);
-#             this one and the two below with --memory-budget 16GiB;
 #   large-10m 10,000 x 10,000,000 x 256 (float16, CPU path skipped): the device path in-process and
 #             as a CLI process (closed-set), and the floors;
 #   large-10m-gom  the same store, the default options (GOM: every dot product copied back), in-process.
@@ -122,9 +121,9 @@ main() {
     "$venv/bin/python" "$root/scripts/gpu_startup.py" --device "$device" | tee "$out/startup.txt" \
         || fail "startup: gpu_startup.py failed"
     bench market --size "$market"
-    # the large problems with the memory a GPU machine has (docs/gpu.md): with 16 workers the default
-    # 1GiB plans tasks of 512 gallery rows, each decompressing a whole 16,384-row store chunk
-    local big=(--dtype float16 --memory-budget 16GiB)
+    # the large problems in the default budget, 512MiB a worker: with 16 workers tasks of whole
+    # 16,384-row store chunks against the 10,000 queries
+    local big=(--dtype float16)
     bench exact-2m --size "$exact" "${big[@]}" --methods device-closed,cpu-closed,device-all,cpu-all
     bench large-10m --size "$large" "${big[@]}" --skip-cpu --methods device-closed,cli-device-closed,gemm-floor,read-floor
     bench large-10m-gom --size "$large" "${big[@]}" --skip-cpu --methods device

@@ -295,8 +295,9 @@ _execution_options = _section(
                  help="Queries per task. Default: all queries if the memory budget allows (gallery read once)."),
     click.option("--gallery-chunk", type=Bounded("gallery_chunk"), default=None,
                  help="Gallery rows per task. Default: from --memory-budget, aligned to store chunks."),
-    click.option("--memory-budget", default="1GiB", show_default=True, callback=_bytes, metavar="SIZE",
-                 help=f"Working memory the chunk sizes are planned for. SIZE: {SIZE_UNITS}."),
+    click.option("--memory-budget", default=None, callback=_bytes, metavar="SIZE",
+                 help=f"Working memory the chunk sizes are planned for. SIZE: {SIZE_UNITS}.  Default: 512MiB a "
+                      "worker, at least 1GiB and at most a quarter of this machine's memory."),
     click.option("--workers", type=Bounded("workers"), default=None,
                  help="Tasks run at once (threads of the default scheduler). Default: all cores / all cluster threads."),
     click.option("--scheduler", default=None, metavar="ADDRESS",

@@ -429,6 +429,8 @@ def test_every_size_option_reads_the_same_units(store, monkeypatch):
 
     import distributed
 
+    from streameval.engine.plan import default_memory_budget, physical_memory
+
     engine = importlib.import_module("streameval.run.session")  # the module that plans the run and checks its memory
 
     seen = {}
@@ -441,6 +443,10 @@ def test_every_size_option_reads_the_same_units(store, monkeypatch):
         cli("eval", store, "-q", "--no-gom", "--verification", "--memory-budget", budget, "--tail-budget", tail)
         assert seen == {"budget": 4 * (10**9 if budget == "4GB" else 1 << 30),
                         "tail": 3 * (1000 if tail == "3kB" else 1024)}
+
+    seen.clear()  # none given: the default of the run's workers (2 GiB on 4, this machine holding 8 GiB or more)
+    cli("eval", store, "-q", "--no-gom", "--verification", "--workers", "4")
+    assert seen["budget"] == default_memory_budget(4) and (physical_memory() < 8 << 30 or seen["budget"] == 2 << 30)
 
     def refused_cluster(**options):
         seen["memory_limit"] = options["memory_limit"]

@@ -405,6 +405,34 @@ def test_a_planned_task_reads_whole_store_chunks_within_its_memory():
         assert memory(2 * planned.read_chunk) > planned.task_bytes or 2 * planned.read_chunk > 12_500
 
 
+def test_the_default_budget_is_half_a_gib_a_worker_within_the_machines_memory(monkeypatch):
+    """At least 1 GiB, 512 MiB a worker beyond two, at most a quarter of the machine's memory."""
+    from streameval.engine import plan
+
+    gib = 1 << 30
+    monkeypatch.setattr(plan, "physical_memory", lambda: 128 * gib)
+    assert [plan.default_memory_budget(workers) for workers in (1, 2, 3, 16, 64, 128)] == \
+        [gib, gib, 3 * gib // 2, 8 * gib, 32 * gib, 32 * gib]
+    monkeypatch.setattr(plan, "physical_memory", lambda: 2 * gib)  # a quarter is less than the least
+    assert plan.default_memory_budget(16) == gib
+    monkeypatch.setattr(plan, "physical_memory", lambda: None)  # a system that does not say
+    assert plan.default_memory_budget(16) == 8 * gib
+    assert plan.resolve_budget(None, 4) == 2 * gib and plan.resolve_budget("3GB", 4) == 3 * 10**9
+
+
+def test_sixteen_workers_default_plan_reads_whole_store_chunks(monkeypatch):
+    """10,000 x 10,000,000 x 256 (float16 store) on 16 workers: the default budget plans tasks of
+    whole 16,384-row store chunks; 1 GiB shared by the 16 planned tasks of 512 rows, a 32nd of one
+    (each task's per-query costs then paid 32 times as often: twice the time, README)."""
+    from streameval.engine import plan
+
+    monkeypatch.setattr(plan, "physical_memory", lambda: 128 << 30)
+    shape = dict(n_query=10_000, n_gallery=10_000_000, dim=256, itemsize=4, stored_itemsize=2,
+                 store_chunk_rows=16384, workers=16)
+    assert make_plan(**shape).read_chunk == 16384
+    assert make_plan(**shape, memory_budget=1 << 30).read_chunk == 512
+
+
 def test_a_planned_task_reading_several_chunks_matches_reference(tmp_path):
     """A store chunk of 1,024 rows, a budget that plans 256-row gallery chunks, small sub-blocks: each
     task reads 512 rows (``plan.read_chunk``), two share the 304 left, and a positives task the whole

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from ..core.choices import check_range
 from ..core.errors import OptionError
 
-DEFAULT_MEMORY_BUDGET = 1 << 30
+DEFAULT_MEMORY_BUDGET = 1 << 30  # the default budget up to two workers (``default_memory_budget``)
+# The default budget a worker beyond them: with all 10,000 queries in one block, a smaller share
+# plans narrower tasks, whose per-query costs (a state's copy a task, each query's slots a sub-block)
+# grow with their count.  10,000 x 500,000 x 256 float16, no GOM, 2 workers, shares of 32 / 64 / 128 /
+# 256 / 512 MiB (budgets of 128 MiB .. 2 GiB: 16 workers' shares of 1 .. 16 GiB): 36.7 / 27.8 / 21.0
+# / 16.4 / 16.8 s; the share of 256 MiB is a task of a whole 16,384-row store chunk.
+WORKER_MEMORY_BUDGET = 512 << 20
 MIN_GALLERY_CHUNK = 256
 MIN_TAIL_TASK = 64  # fewer gallery rows are not worth a task of their own
 MIN_QUERY_BLOCK = 256  # fewer queries per task: the gallery is re-read for every handful of queries
@@ -118,12 +124,14 @@ def make_plan(
     stored_itemsize: int,
     store_chunk_rows: int,
     workers: int,
-    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    memory_budget: int | None = None,
     query_block: int | None = None,
     gallery_chunk: int | None = None,
 ) -> Plan:
-    """Pick (query_block, gallery_chunk); explicit values win (up to the store's sizes) but are
-    checked: in range, and a task's working memory within this machine's."""
+    """Pick (query_block, gallery_chunk) for ``memory_budget`` (None: ``default_memory_budget``);
+    explicit values win (up to the store's sizes) but are checked: in range, and a task's working
+    memory within this machine's."""
+    memory_budget = resolve_budget(memory_budget, workers)
     for name, value in (("query_block", query_block), ("gallery_chunk", gallery_chunk), ("workers", workers),
                         ("memory_budget", memory_budget)):
         if value is not None:
@@ -199,6 +207,22 @@ def _check_task_memory(plan: Plan) -> None:
             f"{format_bytes(plan.task_bytes)}, more than this machine's memory ({format_bytes(memory)}): give a smaller "
             "--query-block / --gallery-chunk or --memory-budget"
         )
+
+
+def default_memory_budget(workers: int) -> int:
+    """The budget of a run that names none: ``WORKER_MEMORY_BUDGET`` a worker, at least
+    ``DEFAULT_MEMORY_BUDGET`` and at most a quarter of this machine's memory (where it says).  A
+    budget that stayed the same on every machine would give each of 16 workers a sixteenth of it:
+    tasks of 512 gallery rows against 10,000 queries, twice the time of whole store chunks."""
+    wanted = workers * WORKER_MEMORY_BUDGET
+    memory = physical_memory()
+    return max(DEFAULT_MEMORY_BUDGET, wanted if memory is None else min(wanted, memory // 4))
+
+
+def resolve_budget(memory_budget, workers: int) -> int:
+    """A run's memory budget in bytes: ``memory_budget`` (a size, ``parse_bytes``), or None for
+    ``default_memory_budget``."""
+    return default_memory_budget(workers) if memory_budget is None else parse_bytes(memory_budget)
 
 
 def physical_memory() -> int | None:

@@ -59,7 +59,8 @@ def evaluate(
 
     The other keywords (``EXECUTION_DEFAULTS``) never change a number.  Chunks: ``query_block``
     queries x ``gallery_chunk`` gallery rows per task, by default planned from ``memory_budget``
-    (bytes, or a size such as "1GiB" = 2^30 or "4GB" = 4 * 10^9: every size option reads units so).
+    (bytes, or a size such as "1GiB" = 2^30 or "4GB" = 4 * 10^9: every size option reads units so;
+    default 512 MiB a worker, at least 1 GiB and at most a quarter of the machine's memory).
     Where it runs: ``scheduler`` (tcp://host:port), ``scheduler_file`` or ``cluster="local"`` (with
     ``n_workers``, ``threads_per_worker``, ``memory_limit``, a size, as for LocalCluster) run it on
     a Dask cluster (checked first, giving up after ``connect_timeout`` seconds); otherwise an

@@ -20,7 +20,7 @@ from ..engine.cluster import connect
 from ..engine.device import open_where_run
 from ..core.errors import OptionError
 from .pipeline import gallery_metadata, run_passes
-from ..engine.plan import format_bytes, make_plan, parse_bytes
+from ..engine.plan import format_bytes, make_plan, resolve_budget
 from ..core.progress import (COMPILING, Bar, Phases, Reporter, ThreadedProgress, compile_timer, compile_watch,
                              compute_distributed)
 from .settings import Execution, Settings
@@ -152,7 +152,7 @@ def rehearse(store, settings) -> bool:
 def run_plan(store: Store, settings: Settings, execution: Execution, workers: int, meta):
     """The chunk plan of evaluating ``store``'s queries against its gallery, the run's memory
     (``check_memory``) within the budget."""
-    budget = parse_bytes(execution.memory_budget)
+    budget = resolve_budget(execution.memory_budget, workers)
     plan = make_plan(
         len(store.query), len(store.gallery), store.dim, np.dtype(settings.precision).itemsize,
         store.gallery.values.dtype.itemsize, store.gallery.chunk_rows, workers,

@@ -13,7 +13,7 @@ from ..core.choices import PRECISIONS, check_range
 from ..engine.cluster import CONNECT_TIMEOUT_S, ClusterOptions
 from ..core.errors import OptionError
 from ..features import REGISTRY
-from ..engine.plan import DEFAULT_MEMORY_BUDGET, parse_bytes
+from ..engine.plan import parse_bytes
 from ..protocols.rules import Rules
 from ..protocols.record import Protocol
 from ..engine.device import parse_device
@@ -125,7 +125,7 @@ class Execution:
 
     query_block: int | None = None
     gallery_chunk: int | None = None
-    memory_budget: object = DEFAULT_MEMORY_BUDGET
+    memory_budget: object = None  # a size (``plan.parse_bytes``); None: ``plan.default_memory_budget``
     workers: int | None = None
     cluster: ClusterOptions = ClusterOptions()
     progress: object = False  # False, True (draw on stderr) or a text stream to draw on
@@ -147,7 +147,7 @@ class Execution:
 
 
 EXECUTION_DEFAULTS = {  # where and in which chunks to run: the keywords evaluate and update share
-    "query_block": None, "gallery_chunk": None, "memory_budget": DEFAULT_MEMORY_BUDGET, "workers": None,
+    "query_block": None, "gallery_chunk": None, "memory_budget": None, "workers": None,
     "scheduler": None, "scheduler_file": None, "cluster": None, "n_workers": None, "threads_per_worker": None,
     "memory_limit": None, "connect_timeout": CONNECT_TIMEOUT_S, "progress": False, "knn_cache": None,
     "device": None,
