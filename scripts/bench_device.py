@@ -224,10 +224,10 @@ def run_device_mode(args, size, noise: float, store_path: str, how: str) -> dict
     results = {}
     for method in (m for m in args.methods if m in IN_PROCESS):
         variant, on_device = IN_PROCESS[method]
-        results[method] = run_child(args, variant, store_path, extra=child_options(args, on_device))
+        results[method] = progress(method, run_child(args, variant, store_path, extra=child_options(args, on_device)))
     warmed = any(IN_PROCESS[m][1] and "time_s" in r for m, r in results.items())
     for method in (m for m in args.methods if m in CLI_OPTIONS):
-        results[method] = time_cli(cli_command(args, store_path, method), args.repeat, warmed)
+        results[method] = progress(method, time_cli(cli_command(args, store_path, method), args.repeat, warmed))
         warmed = warmed or "time_s" in results[method]
     floors = [m for m in args.methods if m in FLOORS]
     if floors:
@@ -237,9 +237,20 @@ def run_device_mode(args, size, noise: float, store_path: str, how: str) -> dict
             extra += ["--_plan", "{query_block},{gallery_chunk},{workers}".format(**plan)]
         child = run_child(args, FLOOR_CHILD, store_path, extra=extra)
         for method in floors:
-            results[method] = ({"error": child["error"]} if "error" in child
-                               else dict(child[method], plan=child["plan"], device=child.get("device")))
+            results[method] = progress(method, {"error": child["error"]} if "error" in child
+                                       else dict(child[method], plan=child["plan"], device=child.get("device")))
     return report_device(size, noise, store_path, how, results, args)
+
+
+def progress(method: str, result: dict) -> dict:
+    """``result``, after a line saying what it measured, printed at once: a run stopped by a
+    lease's end (gpu_check.sh --stop-after) keeps the methods that finished before it."""
+    from bench import run_facts
+
+    done = result.get("error") or "; ".join([f"{result['time_s']:.3f} s", *filter(None, [result.get("warmup")]),
+                                             *run_facts(result)])
+    print(f"done    : {method}: {done}", flush=True)
+    return result
 
 
 def cli_command(args, store_path: str, method: str) -> list:

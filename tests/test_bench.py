@@ -295,6 +295,17 @@ def test_device_mode_refuses(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_device_mode_says_each_method_as_it_ends(capsys):
+    """A check stopped by a lease's end keeps what finished: a line a method, at once."""
+    ran = {"time_s": 1.5, "warmup": "numba JIT warmed (2.0 s, not timed)", "plan": {"query_block": 10, "gallery_chunk": 20,
+                                                                                   "workers": 2}}
+    assert bench_device.progress("device-closed", ran) is ran
+    bench_device.progress("cpu-closed", {"error": "child exited with 1"})
+    assert capsys.readouterr().out.splitlines() == [
+        "done    : device-closed: 1.500 s; numba JIT warmed (2.0 s, not timed); plan query_block=10 gallery_chunk=20 workers=2",
+        "done    : cpu-closed: child exited with 1"]
+
+
 def test_device_numbers_are_checked_against_the_cpu_path(capsys):
     import bench_device
 
