@@ -133,7 +133,7 @@ from bench_against import (REV, prepare_revision, print_revision, report_against
                            transcribe_child)
 from bench_rerank import (CHILD_RUNNERS as RERANK_RUNNERS, RERANK_CHILDREN, RERANK_DTYPE, RERANK_METHODS, RERANK_SIZES,
                           run_rerank_mode, scaled_sizes)
-from bench_device import DEVICE_METHODS, FLOOR_CHILD, device_methods, run_device_floors, run_device_mode
+from bench_device import DEVICE_METHODS, FLOOR_CHILD, Breakdown, device_methods, run_device_floors, run_device_mode
 from bench_suite import SUITE_CHILDREN, SUITE_METHODS, SUITE_SIZE, run_child_method, run_suite_mode
 
 METHODS = ("streameval", "se-fixed", "se-closed", "se-osv", "se-all", "floor", "update", "classic", "process")
@@ -248,6 +248,9 @@ def parse_args(argv=None):
     p.add_argument("--memory-budget", default=None, metavar="SIZE",
                    help="--device: every run's memory budget (evaluate's memory_budget, the CLI's --memory-budget; "
                         "default theirs: 512MiB a worker, at least 1GiB, at most a quarter of the machine's memory)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="--device: time where each in-process run's worker threads go (reads, positives, GEMMs or "
+                        "device calls, the statistics, state copies: thread-seconds, ~1 us a call more)")
     p.add_argument("--rerank-scale", type=float, default=1.0, metavar="S",
                    help="--rerank: the sizes' rows and identities times S (e.g. 0.02 for a quick check; default: 1)")
     p.add_argument("--trials", type=int, default=10,
@@ -294,8 +297,8 @@ def parse_args(argv=None):
             check_rerank_args(p, args)
         if args.device is not None:
             check_device_args(p, args)
-        elif args.skip_cpu or args.precision or args.memory_budget:
-            p.error("--skip-cpu, --precision and --memory-budget go with --device")
+        elif args.skip_cpu or args.precision or args.memory_budget or args.breakdown:
+            p.error("--skip-cpu, --precision, --memory-budget and --breakdown go with --device")
         if args.against is not None:
             if args.protocols or args.suite:
                 p.error("--against compares the default mode's methods: not with --protocols or --suite")
@@ -592,8 +595,12 @@ def run_streameval(args) -> dict:
     warm, warm_note = warm_jit(args.metric, options)
 
     def once():
-        res = streameval.evaluate(args._store, metric=args.metric, **options)
-        return res, None
+        if not args.breakdown:
+            return streameval.evaluate(args._store, metric=args.metric, **options), None
+        t = time.perf_counter()
+        with Breakdown() as timers:
+            res = streameval.evaluate(args._store, metric=args.metric, **options)
+        return res, {**timers.parts(), "workers x wall": res.run["workers"] * (time.perf_counter() - t)}
 
     out = timed_runs(once, args.repeat)
     res = out.pop("result")

@@ -61,6 +61,72 @@ def device_methods(methods: str | None, skip_cpu: bool) -> tuple[list, list]:
     return names, bad
 
 
+# --breakdown: where an in-process run's worker threads spend their time, part -> (module, attribute
+# path) of the function timed; the parts nest (spread hits within device calls, limits and device
+# calls within the screened blocks), so they do not add up to the threads' time
+BREAKDOWN_PARTS = {
+    "reads": ("streameval.engine.graph", "load_rows"),  # query blocks and gallery chunks read, upcast, prepared
+    "positives": ("streameval.engine.graph", "find_positive_pairs"),
+    "gemm (host)": ("streameval.engine.sources", "FeatureSource.block"),  # the CPU path's GEMM
+    "device blocks": ("streameval.engine.sources", "DeviceSource.block"),  # every dot product copied back
+    "device screened": ("streameval.engine.sources", "DeviceSource.fill"),  # upload, GEMM, screen, copies, spread
+    "spread hits": ("streameval.engine.sources", "spread_hits"),
+    "limits": ("streameval.engine.graph", "_limits"),
+    "distances": ("streameval.engine.graph", "fill_distances"),
+    "statistics": ("streameval.engine.graph", "_update"),
+    "state copies": ("streameval.engine.statistic", "StatState.copy"),
+}
+
+
+class Breakdown:
+    """Thread-seconds in each of ``BREAKDOWN_PARTS`` while in effect (``with``): the functions
+    wrapped by a timer (two clock reads and a lock, ~1 us a call; a task's calls take 0.1 ms and
+    more), put back after.  An evaluation's rehearsal (a tiny problem, in its compiling phase)
+    counts too: a few milliseconds."""
+
+    def __init__(self):
+        import threading
+
+        self.seconds = dict.fromkeys(BREAKDOWN_PARTS, 0.0)
+        self.lock = threading.Lock()
+        self.saved = []
+
+    def __enter__(self):
+        import importlib
+
+        for part, (module, path) in BREAKDOWN_PARTS.items():
+            owner = importlib.import_module(module)
+            *outer, name = path.split(".")
+            for attribute in outer:
+                owner = getattr(owner, attribute)
+            original = owner.__dict__[name]
+            self.saved.append((owner, name, original))
+            setattr(owner, name, self.timed(part, original))
+        return self
+
+    def __exit__(self, *exc):
+        for owner, name, original in reversed(self.saved):
+            setattr(owner, name, original)
+
+    def timed(self, part: str, fn):
+        import functools
+
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent = time.perf_counter() - t
+                with self.lock:
+                    self.seconds[part] += spent
+        return timed
+
+    def parts(self) -> dict:
+        """The parts that took any time, in thread-seconds."""
+        return {part: round(t, 3) for part, t in self.seconds.items() if round(t, 3) > 0}
+
+
 def child_options(args, on_device: bool) -> list:
     """The command-line options a child of this mode is given: the device (for the device's children),
     the precision (for every child: the CPU path must compute the same numbers) and the memory
@@ -224,7 +290,9 @@ def run_device_mode(args, size, noise: float, store_path: str, how: str) -> dict
     results = {}
     for method in (m for m in args.methods if m in IN_PROCESS):
         variant, on_device = IN_PROCESS[method]
-        results[method] = progress(method, run_child(args, variant, store_path, extra=child_options(args, on_device)))
+        timers = ["--breakdown"] if args.breakdown else []
+        results[method] = progress(method, run_child(args, variant, store_path,
+                                                     extra=child_options(args, on_device) + timers))
     warmed = any(IN_PROCESS[m][1] and "time_s" in r for m, r in results.items())
     for method in (m for m in args.methods if m in CLI_OPTIONS):
         results[method] = progress(method, time_cli(cli_command(args, store_path, method), args.repeat, warmed))

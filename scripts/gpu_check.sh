@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check of issue 28, one command on a GPU machine (no internet needed): install streameval
 # from the wheels brought along (scripts/gpu_wheels.sh made wheelhouse/ beforehand), then run
-# scripts/bench.py --device on the three problems and write their tables:
+# scripts/bench.py --device --breakdown on the three problems and write their tables:
 #
 #   market    3,368 x 19,732 x 2,048 (float32 store): the device path in-process and as a warm CLI
 #             process, the CPU path, the GEMM and store-read floors, the numbers compared;
@@ -110,8 +110,8 @@ main() {
             limit=(timeout "$left")  # signals bench.py's process group: its children too
         fi
         say "$name: scripts/bench.py --device $device $* (store generated first if missing) ..."
-        "${limit[@]}" "$venv/bin/python" "$root/scripts/bench.py" --device "$device" --workdir "$work/stores" \
-            --json "$out/$name.json" "$@" | tee "$out/$name.txt"
+        "${limit[@]}" "$venv/bin/python" "$root/scripts/bench.py" --device "$device" --breakdown \
+            --workdir "$work/stores" --json "$out/$name.json" "$@" | tee "$out/$name.txt"
         local rc=${PIPESTATUS[0]}
         [ $rc != 124 ] || [ "${#limit[@]}" = 0 ] || { fail "$name: stopped, --stop-after $stop_after s reached"; return; }
         [ $rc = 0 ] || fail "$name: bench.py exited with $rc"

@@ -283,8 +283,9 @@ def test_device_mode_gives_every_child_the_precision_and_the_memory_budget():
 @pytest.mark.parametrize("argv, message", [
     (["--device", "gpu0"], "--device: device must be cpu, cuda or cuda:N"),
     (["--device", "cpu"], "--device: the CPU path is the default"),
-    (["--skip-cpu"], "--skip-cpu, --precision and --memory-budget go with --device"),
-    (["--memory-budget", "16GiB"], "--skip-cpu, --precision and --memory-budget go with --device"),
+    (["--skip-cpu"], "--skip-cpu, --precision, --memory-budget and --breakdown go with --device"),
+    (["--memory-budget", "16GiB"], "--skip-cpu, --precision, --memory-budget and --breakdown go with --device"),
+    (["--breakdown"], "--skip-cpu, --precision, --memory-budget and --breakdown go with --device"),
     (["--device", "cuda", "--protocols"], "--device is a separate mode"),
     (["--device", "cuda", "--methods", "floor"], "--methods: unknown floor"),
 ])
@@ -304,6 +305,28 @@ def test_device_mode_says_each_method_as_it_ends(capsys):
     assert capsys.readouterr().out.splitlines() == [
         "done    : device-closed: 1.500 s; numba JIT warmed (2.0 s, not timed); plan query_block=10 gallery_chunk=20 workers=2",
         "done    : cpu-closed: child exited with 1"]
+
+
+def test_breakdown_times_each_part_in_thread_seconds_and_puts_the_functions_back():
+    """Two threads each 20 ms in the statistics' limits: 40 thread-ms of "limits", nothing else."""
+    import threading
+    import time
+
+    from streameval.engine import graph, sources
+    from streameval.engine.statistic import StatState
+
+    class Slow:  # a statistic whose limits take 20 ms
+        def limits(self, blk):
+            time.sleep(0.02)
+
+    originals = (graph.load_rows, graph._limits, sources.spread_hits, StatState.copy, sources.DeviceSource.fill)
+    with bench_device.Breakdown() as timers:
+        threads = [threading.Thread(target=graph._limits, args=((Slow(),), None)) for _ in range(2)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+    parts = timers.parts()
+    assert set(parts) == {"limits"} and 0.04 <= parts["limits"] < 0.5
+    assert (graph.load_rows, graph._limits, sources.spread_hits, StatState.copy, sources.DeviceSource.fill) == originals
 
 
 def test_device_numbers_are_checked_against_the_cpu_path(capsys):
