@@ -115,18 +115,21 @@ def test_a_devices_screen_lists_every_row_the_hosts_screen_lists(metric, dtype, 
 
 @settings(max_examples=40, deadline=None)
 @given(n_queries=st.integers(1, 30), n_pairs=st.integers(0, 400), levels=st.sampled_from([1, 3, 1000]),
-       seed=st.integers(0, 2**32 - 1))
-@example(n_queries=1, n_pairs=400, levels=3, seed=1)  # one query's 400 pairs: the heapsort
-@example(n_queries=30, n_pairs=400, levels=3, seed=2)  # ~13 a query: the insertion sort
-def test_positives_are_sorted_by_query_then_distance_then_gallery_index(n_queries, n_pairs, levels, seed):
-    """As a lexsort of the three keys orders them; few distance levels make ties the index breaks
-    (a query's pairs sorted by insertion up to ``kernels.INSERTION_SORT_MAX``, by a heap above)."""
+       n_parts=st.integers(1, 5), seed=st.integers(0, 2**32 - 1))
+@example(n_queries=1, n_pairs=400, levels=3, n_parts=1, seed=1)  # one query's 400 pairs: the heapsort
+@example(n_queries=30, n_pairs=400, levels=3, n_parts=3, seed=2)  # ~13 a query: the insertion sort
+def test_positives_are_sorted_by_query_then_distance_then_gallery_index(n_queries, n_pairs, levels, n_parts, seed):
+    """As a lexsort of the three keys orders them, however the pairs come in parts (a gallery
+    chunk's each, some empty); few distance levels make ties the index breaks (a query's pairs
+    sorted by insertion up to ``kernels.INSERTION_SORT_MAX``, by a heap above)."""
     rng = np.random.default_rng(seed)
     qrows = rng.integers(0, n_queries, n_pairs)
     gidx = rng.permutation(3 * n_pairs)[:n_pairs].astype(np.int64)
     dist = rng.integers(0, levels, n_pairs) / 7.0
     bits = rng.integers(1, 4, n_pairs).astype(np.uint64)
-    got = Positives.from_pairs(n_queries, qrows, gidx, dist, bits, np.zeros((n_queries, 1), np.int64))
+    cuts = np.sort(rng.integers(0, n_pairs + 1, n_parts - 1))
+    parts = [(qrows[a:b], gidx[a:b], dist[a:b], bits[a:b]) for a, b in zip([0, *cuts], [*cuts, n_pairs])]
+    got = Positives.from_parts(n_queries, parts, np.zeros((n_queries, 1), np.int64))
     order = np.lexsort((gidx, dist, qrows))
     np.testing.assert_array_equal(got.gidx, gidx[order])
     np.testing.assert_array_equal(got.dist, dist[order])
@@ -153,10 +156,11 @@ def test_slots_count_each_kept_negative_in_its_slot_and_trials(metric, n_rows, n
     exact = np.array([[kernels.canonical_distance(qf, gf, i, j, blk.qa[i], blk.ga[j], blk.metric) for j in range(n_rows)]
                       for i in range(nq)])
     qrows, grows = np.nonzero(q_pid[:, None] == g_pid[None, :])
-    order, offsets = kernels.positives_order(nq, qrows, exact[qrows, grows], grows)
-    pos_g = grows[order]
-    blk = blk._replace(q_bits=q_bits, g_bits=g_bits, pos_off=offsets, pos_d=exact[qrows, grows][order], pos_g=pos_g,
-                       pos_bits=(q_bits[qrows] & g_bits[grows])[order])
+    positives = Positives.from_pairs(nq, qrows, grows, exact[qrows, grows], q_bits[qrows] & g_bits[grows],
+                                     np.zeros((nq, 1), np.int64))
+    offsets, pos_g = positives.offsets, positives.gidx
+    blk = blk._replace(q_bits=q_bits, g_bits=g_bits, pos_off=offsets, pos_d=positives.dist, pos_g=pos_g,
+                       pos_bits=positives.bits)
     counts = np.zeros((len(pos_g), n_trials), dtype=np.int64)
     update_slots(blk, counts, *block.negatives_buffers(blk))
     expected = np.zeros_like(counts)

@@ -199,12 +199,9 @@ def find_positive_pairs(part: Part, start: int, stop: int, queries: Rows, scorin
 
 
 def collect_positives(n_queries: int, n_trials: int, *parts) -> Positives:
-    if not parts:
-        empty = np.empty(0)
-        return Positives.from_pairs(n_queries, empty.astype(np.int64), empty.astype(np.int64), empty,
-                                    empty.astype(np.uint64), np.zeros((n_queries, n_trials), dtype=np.int64))
-    qrows, gidx, dist, bits = (np.concatenate(column) for column in list(zip(*parts))[:4])
-    return Positives.from_pairs(n_queries, qrows, gidx, dist, bits, sum(part[4] for part in parts))
+    """The query block's Positives from its positives tasks' (qrows, gidx, dist, bits, junk)."""
+    junk = sum((part[4] for part in parts), np.zeros((n_queries, n_trials), dtype=np.int64))
+    return Positives.from_parts(n_queries, [part[:4] for part in parts], junk)
 
 
 def _in_trial(bits: np.ndarray, t: int):

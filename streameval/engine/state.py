@@ -49,12 +49,27 @@ class Positives:
 
     @classmethod
     def from_pairs(cls, n_queries: int, qrows, gidx, dist, bits, junk) -> "Positives":
-        from .kernels import positives_order  # numba: not for the commands that only read a state
+        return cls.from_parts(n_queries, [(qrows, gidx, dist, bits)], junk)
 
-        order, offsets = positives_order(n_queries, np.asarray(qrows, np.int64), np.asarray(dist, np.float64),
-                                         np.asarray(gidx, np.int64))
-        return cls(offsets, np.ascontiguousarray(dist[order]), np.ascontiguousarray(gidx[order]),
-                   np.ascontiguousarray(bits[order]), np.asarray(junk, dtype=np.int64))
+    @classmethod
+    def from_parts(cls, n_queries: int, parts, junk) -> "Positives":
+        """The positives of (qrows, gidx, dist, bits) pairs given in parts (a gallery chunk's each),
+        placed by query and sorted (``kernels.place_by_query``, ``kernels.sort_each_query``)."""
+        from .kernels import place_by_query, sort_each_query  # numba: not for the commands that only read a state
+
+        parts = [(np.asarray(q, np.int64), np.asarray(g, np.int64), np.asarray(d, np.float64), np.asarray(b, np.uint64))
+                 for q, g, d, b in parts]
+        counts = np.zeros(n_queries, dtype=np.int64)
+        for qrows, *_ in parts:
+            counts += np.bincount(qrows, minlength=n_queries)
+        offsets = offsets_from_counts(counts)
+        fill = offsets[:-1].copy()
+        size = int(offsets[-1])
+        dist, gidx, bits = np.empty(size, np.float64), np.empty(size, np.int64), np.empty(size, np.uint64)
+        for qrows, g, d, b in parts:
+            place_by_query(qrows, d, g, b, fill, dist, gidx, bits)
+        sort_each_query(offsets, dist, gidx, bits)
+        return cls(offsets, dist, gidx, bits, np.asarray(junk, dtype=np.int64))
 
     @property
     def counts(self) -> np.ndarray:
