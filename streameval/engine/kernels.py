@@ -412,8 +412,9 @@ def positives_before(pos_d, pos_g, lo, hi, d, g):
 def place_by_query(qrows, dist, gidx, bits, fill, out_dist, out_gidx, out_bits):
     """Each pair's keys and trial bits at its query's next free entry (``fill[query]``, advanced):
     the placement of a counting sort by query, part after part of the pairs, straight into the
-    outputs (concatenating the parts, then gathering three columns through a permutation, took 13 of
-    collecting 42,000,000 positives' 17.5 s, where nothing else runs)."""
+    outputs.  Concatenating the parts, sorting a permutation and gathering three columns through it
+    took 8.7 s to collect 42,000,000 positives in 611 parts (best of five, where nothing else runs),
+    this and ``sort_each_query`` 3.0 s."""
     for k in range(qrows.shape[0]):
         at = fill[qrows[k]]
         out_dist[at] = dist[k]

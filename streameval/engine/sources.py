@@ -82,8 +82,8 @@ class FeatureSource:
 
 # pairs of one call on a GPU at most: 32 MiB of float32 products in a worker thread's host buffer
 # (and the pairs that pass the screen in one more, as large as they need; a CPU path's sub-block
-# takes 512 x 4,096 pairs x 52 bytes, ``plan.PAIR_SCRATCH_BYTES``): a task of 10,000 queries x 512
-# gallery rows (the default plan with 16 workers) is one call
+# takes 512 x 4,096 pairs x 52 bytes, ``plan.PAIR_SCRATCH_BYTES``): a task of 10,000 queries x
+# 16,384 gallery rows (the default plan on 16 workers) is 4 x 5 calls of 2,048 queries x 4,096 rows
 DEVICE_CALL_PAIRS = 1 << 23
 
 
