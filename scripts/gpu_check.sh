@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check of issue 28, one command on a GPU machine (no internet needed): install streameval
 # from the wheels brought along (scripts/gpu_wheels.sh made wheelhouse/ beforehand), then run
-# scripts/bench.py --device --breakdown on the three problems and write their tables:
+# scripts/gpu_startup.py and scripts/bench.py --device --breakdown on the problems, and write their tables:
 #
 #   market    3,368 x 19,732 x 2,048 (float32 store): the device path in-process and as a warm CLI
 #             process, the CPU path, the GEMM and store-read floors, the numbers compared;
@@ -12,15 +12,20 @@
 #             (closed-set; the store read is part of its time), and the floors (a CLI process's fixed
 #             costs are market's);
 #   large-10m-gom  the same store, the default options (GOM: every dot product copied back), in-process.
-# First scripts/gpu_startup.py (startup.txt: what a process pays before its first block), then the
-# problems in the order market, exact-2m, large-10m, large-10m-gom: the shorter first, the longest
-# and least telling last, so that a run cut short by a lease's minutes keeps the rest.  (On an H100,
-# 2026-11-28, market took 94 s with the store made and numba's cache filled; large-10m's first run
-# had not ended 5 minutes later, before the device's calls covered many sub-blocks.)
+# By default first scripts/gpu_startup.py (startup.txt: what a process pays before its first block),
+# then the problems in the order market, exact-2m, large-10m, large-10m-gom: the shorter first,
+# the longest and least telling last, so that a run cut short by a lease's minutes keeps the rest
+# (--problems picks others or another order).  On an H200, 2026-11-28, at --stop-after 570: the
+# install 22 s, the start-up 86 s (numba's first compiles included), market 94 s, exact-2m 194 s (its
+# store made in 16 s), and large-10m was stopped 175 s in, its store being made or its first
+# method running.
 #
-# Usage: bash scripts/gpu_check.sh [--device DEV] [--tiny] [--stop-after S]
+# Usage: bash scripts/gpu_check.sh [--device DEV] [--tiny] [--stop-after S] [--problems LIST]
 #   --device DEV    cuda (default), cuda:N, or torch:cpu (the device path's code on the CPU: to try
 #                   this script on a machine without a GPU)
+#   --problems LIST what to run, comma-separated, in that order (default
+#                   startup,market,exact-2m,large-10m,large-10m-gom): a lease can begin with what is
+#                   not measured yet
 #   --tiny          the same steps on tiny problems (seconds; with --device torch:cpu, a dry run)
 #   --stop-after S  end by S seconds after the start: a problem not begun by then is skipped, the one
 #                   running then is stopped (both said in the log, and the exit status is 1), and the
@@ -36,12 +41,20 @@ root="$(cd "$(dirname "$0")/.." && pwd -P)"
 device=cuda
 tiny=0
 stop_after=0  # seconds; 0: no deadline
+problems=startup,market,exact-2m,large-10m,large-10m-gom
 while [ $# -gt 0 ]; do
     case "$1" in
         --device) device="${2:?--device needs a value}"; shift 2 ;;
         --tiny) tiny=1; shift ;;
         --stop-after) stop_after="${2:?--stop-after needs a number of seconds}"; shift 2 ;;
-        *) echo "usage: bash scripts/gpu_check.sh [--device DEV] [--tiny] [--stop-after S]" >&2; exit 2 ;;
+        --problems) problems="${2:?--problems needs a list}"; shift 2 ;;
+        *) echo "usage: bash scripts/gpu_check.sh [--device DEV] [--tiny] [--stop-after S] [--problems LIST]" >&2; exit 2 ;;
+    esac
+done
+for name in ${problems//,/ }; do
+    case "$name" in
+        startup|market|exact-2m|large-10m|large-10m-gom) ;;
+        *) echo "gpu_check.sh: --problems: no '$name' (startup, market, exact-2m, large-10m, large-10m-gom)" >&2; exit 2 ;;
     esac
 done
 [[ "$stop_after" =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --stop-after takes whole seconds, not '$stop_after'" >&2; exit 2; }
@@ -64,7 +77,7 @@ else
 fi
 
 main() {
-    say "streameval GPU check: device $device, problems market $market, exact-2m $exact, large-10m $large; tables in $out"
+    say "streameval GPU check: device $device, running $problems (market $market, exact-2m $exact, large-10m $large); tables in $out"
     if [[ "$device" == cuda* ]]; then
         nvidia-smi -L || fail "nvidia-smi -L"
     fi
@@ -101,36 +114,55 @@ main() {
     say "installed"
 
     # 2. the problems, each with its table and JSON; stores kept in $work/stores for a rerun
-    bench() {  # NAME ARGS...: one bench.py run, within what is left of --stop-after
-        local name="$1" limit=()
+    deadline() {  # NAME: sets limit (the command prefix that ends it by --stop-after); false if too late
+        limit=()
+        [ "$stop_after" -gt 0 ] || return 0
+        local left=$(( stop_after - SECONDS ))
+        [ "$left" -ge 10 ] || { fail "$1: skipped, --stop-after $stop_after s reached"; return 1; }
+        limit=(timeout "$left")  # signals the command's process group: its children too
+    }
+    stopped() {  # NAME STATUS: whether the deadline stopped NAME (said so)
+        [ "$2" = 124 ] && [ "${#limit[@]}" -gt 0 ] && { fail "$1: stopped, --stop-after $stop_after s reached"; return 0; }
+        return 1
+    }
+    bench() {  # NAME ARGS...: one bench.py run
+        local name="$1"
         shift
-        if [ "$stop_after" -gt 0 ]; then
-            local left=$(( stop_after - SECONDS ))
-            [ "$left" -ge 10 ] || { fail "$name: skipped, --stop-after $stop_after s reached"; return; }
-            limit=(timeout "$left")  # signals bench.py's process group: its children too
-        fi
+        deadline "$name" || return
         say "$name: scripts/bench.py --device $device $* (store generated first if missing) ..."
         "${limit[@]}" "$venv/bin/python" "$root/scripts/bench.py" --device "$device" --breakdown \
             --workdir "$work/stores" --json "$out/$name.json" "$@" | tee "$out/$name.txt"
         local rc=${PIPESTATUS[0]}
-        [ $rc != 124 ] || [ "${#limit[@]}" = 0 ] || { fail "$name: stopped, --stop-after $stop_after s reached"; return; }
+        stopped "$name" $rc && return
         [ $rc = 0 ] || fail "$name: bench.py exited with $rc"
         ! grep -q "FAILED" "$out/$name.txt" || fail "$name: a method failed (its table says which, the log why)"
         say "$name done"
     }
-    say "startup: scripts/gpu_startup.py --device $device ..."
-    "$venv/bin/python" "$root/scripts/gpu_startup.py" --device "$device" | tee "$out/startup.txt" \
-        || fail "startup: gpu_startup.py failed"
-    bench market --size "$market"
+    startup() {
+        deadline startup || return
+        say "startup: scripts/gpu_startup.py --device $device ..."
+        "${limit[@]}" "$venv/bin/python" "$root/scripts/gpu_startup.py" --device "$device" | tee "$out/startup.txt"
+        local rc=${PIPESTATUS[0]}
+        stopped startup $rc && return
+        [ $rc = 0 ] || fail "startup: gpu_startup.py exited with $rc"
+    }
     # the large problems in the default budget, 512MiB a worker: with 16 workers tasks of whole
     # 16,384-row store chunks against the 10,000 queries
-    local big=(--dtype float16)
-    bench exact-2m --size "$exact" "${big[@]}" --methods device-closed,cpu-closed,device-all,cpu-all
-    bench large-10m --size "$large" "${big[@]}" --skip-cpu --methods device-closed,gemm-floor,read-floor
-    bench large-10m-gom --size "$large" "${big[@]}" --skip-cpu --methods device
+    local big=(--dtype float16) name limit=()
+    for name in ${problems//,/ }; do
+        case "$name" in
+            startup) startup ;;
+            market) bench market --size "$market" ;;
+            exact-2m) bench exact-2m --size "$exact" "${big[@]}" --methods device-closed,cpu-closed,device-all,cpu-all ;;
+            large-10m) bench large-10m --size "$large" "${big[@]}" --skip-cpu --methods device-closed,gemm-floor,read-floor ;;
+            large-10m-gom) bench large-10m-gom --size "$large" "${big[@]}" --skip-cpu --methods device ;;
+        esac
+    done
 
     say "finished with status $status; tables: $(cd "$out" && ls *.txt | tr '\n' ' ')"
-    grep -h "^=== \|^done\|^floor\|^goal\|^numbers\|FAILED\|!!!" "$out"/market.txt "$out"/exact-2m.txt "$out"/large-10m.txt "$out"/large-10m-gom.txt 2>/dev/null
+    for name in ${problems//,/ }; do
+        grep -h "^=== \|^done\|^floor\|^goal\|^numbers\|FAILED\|!!!" "$out/$name.txt" 2>/dev/null
+    done
     return $status
 }
 
