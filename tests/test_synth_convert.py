@@ -88,14 +88,16 @@ def test_synth_is_deterministic(tmp_path, mixed):
     assert not np.array_equal(other.query.pids[:], mixed.query.pids[:])
 
 
-def test_synth_does_not_depend_on_chunk_rows(tmp_path):
+def test_synth_does_not_depend_on_chunk_rows_or_threads(tmp_path):
+    """Chunks straddling generation blocks, slabs of several chunks on several threads sharing a
+    block, a last slab short: the rows of one thread and default chunks."""
     kwargs = dict(n_query=300, n_gallery=1500, dim=1024, n_ids=20, n_cams=3, seed=9, junk_frac=0.2,
                   distractor_frac=0.1, open_query_frac=0.1)
     block = generation_block_rows(1024)
     assert 1500 > 4 * block  # several generation blocks, straddled by the chunks below
-    reference = arrays(synthesize(tmp_path / "ref.zarr", **kwargs))
-    for chunk_rows in (97, block, block + 1, 1000):
-        store = synthesize(tmp_path / f"c{chunk_rows}.zarr", **kwargs, chunk_rows=chunk_rows)
+    reference = arrays(synthesize(tmp_path / "ref.zarr", **kwargs, workers=1))
+    for chunk_rows, workers in ((97, 3), (block, 1), (block, 4), (block + 1, 2), (1000, 2)):
+        store = synthesize(tmp_path / f"c{chunk_rows}-{workers}.zarr", **kwargs, chunk_rows=chunk_rows, workers=workers)
         assert store.gallery.chunk_rows == chunk_rows
         assert_same_arrays(reference, arrays(store))
 

@@ -54,13 +54,17 @@ corrupted > gallery corrupted > both (about 0.83, 0.70-0.75, 0.65, 0.50-0.56).
 
 from __future__ import annotations
 
+import collections
 import colorsys
+import concurrent.futures
 import contextlib
+import itertools
 import math
 import os
 import shutil
 import struct
 import sys
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -411,7 +415,7 @@ def synthesize(path, *, n_query: int, n_gallery: int, dim: int, n_ids: int, n_ca
                junk_frac: float = 0.0, distractor_frac: float = 0.0, open_query_frac: float = 0.0,
                dtype: str = "float32", chunk_rows: int | None = None, default_metric: str = "euclidean",
                overwrite: bool = False, progress: bool = False, images=None, variants: str | None = None,
-               variant_trials: int = 10, noise: float = 1.0) -> Store:
+               variant_trials: int = 10, noise: float = 1.0, workers: int | None = None) -> Store:
     """Write a synthetic store at ``path`` (see the module docstring) and return it opened.
 
     Query pids are drawn uniformly from ``1..n_ids``, except a fraction ``open_query_frac`` of
@@ -430,6 +434,7 @@ def synthesize(path, *, n_query: int, n_gallery: int, dim: int, n_ids: int, n_ca
     With ``variants`` ("cil-factorial" or "cil-upstream"), the preset's query and gallery variants
     for ``variant_trials`` trials are written too, corruption-like (module docstring, "Variants").
     ``noise`` scales the per-image noise (module docstring): 1 is the default model, larger a weaker one.
+    ``workers``: threads that make and write the rows (default: the cores; the store is the same).
     """
     dtype = _check_args(n_query, n_gallery, dim, n_ids, n_cams, junk_frac, distractor_frac, open_query_frac, dtype,
                         noise)
@@ -473,23 +478,58 @@ def synthesize(path, *, n_query: int, n_gallery: int, dim: int, n_ids: int, n_ca
                                                 else contextlib.nullcontext()) as folders:
         store = store_mod.create_store(path, n_query, n_gallery, dim, dtype.name, chunk_rows, default_metric)
         for fs, stream, make_ids in ((store.query, _QUERY, query_ids), (store.gallery, _GALLERY, gallery_ids)):
-            total = len(fs)
-            gen = _Generator(seed, stream, total, dim, make_ids, centres, cameras, sigma)
-            bar = _Progress(progress, total, fs.name)
-            paths = None if folders is None else create_paths(fs)
-            for start in range(0, total, fs.chunk_rows):
-                stop = min(start + fs.chunk_rows, total)
-                features, pids, camids = gen.rows(start, stop)
-                store_mod.write_rows(fs, start, features, pids, camids)
-                if paths is not None:
+            def generator():
+                return _Generator(seed, stream, len(fs), dim, make_ids, centres, cameras, sigma)
+
+            bar = _Progress(progress, len(fs), fs.name)
+            if folders is None:
+                _write_set(fs, generator, bar, workers)
+            else:  # the images and their paths a chunk at a time, in order
+                gen, paths = generator(), create_paths(fs)
+                for start in range(0, len(fs), fs.chunk_rows):
+                    stop = min(start + fs.chunk_rows, len(fs))
+                    features, pids, camids = gen.rows(start, stop)
+                    store_mod.write_rows(fs, start, features, pids, camids)
                     write_path_rows(paths, start, write_images(folders[fs.name], relative_to, start, pids, camids))
-                bar.update(stop)
-            if paths is not None:
+                    bar.update(stop)
                 complete_paths(paths)
         store = store_mod.commit_gallery(path)
         if variants is not None:
             _write_variants(path, store, seed, variants, variant_names, progress)
         return store_mod.open_store(path)
+
+
+def _write_set(fs, generator, bar: "_Progress", workers: int | None) -> None:
+    """Every row of ``fs``, made by ``generator()``'s generators and written on ``workers`` threads
+    (default: the cores), a slab of whole chunks each, at least a generation block: no two threads
+    write to the same chunk, and a row is the same whoever makes it (a block two slabs share is
+    made by both).  Making rows (numpy's generators and arithmetic) and writing them (zarr's
+    codecs, the files) mostly release the GIL: 10,000 x 1,000,000 x 256 float16 took 7.3 s on one
+    thread and 3.4 s on two, on this project's 2-core machine.  At most two slabs a thread are in
+    flight."""
+    slab = fs.chunk_rows * -(-generation_block_rows(fs.dim) // fs.chunk_rows)
+    local = threading.local()
+
+    def write(start: int) -> int:
+        if not hasattr(local, "gen"):  # a generator a thread: its cache of the last block is its own
+            local.gen = generator()
+        stop = min(start + slab, len(fs))
+        store_mod.write_rows(fs, start, *local.gen.rows(start, stop))
+        return stop
+
+    threads = max(1, workers or os.cpu_count() or 1)
+    starts = iter(range(0, len(fs), slab))
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        pending = collections.deque(pool.submit(write, start) for start in itertools.islice(starts, 2 * threads))
+        try:
+            while pending:
+                bar.update(pending.popleft().result())  # in order: the bar counts a prefix of rows
+                for start in itertools.islice(starts, 1):
+                    pending.append(pool.submit(write, start))
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
 
 
 def _variant_names(variants: str | None, trials) -> dict:
