@@ -137,19 +137,24 @@ def test_positives_are_sorted_by_query_then_distance_then_gallery_index(n_querie
     np.testing.assert_array_equal(got.counts, np.bincount(qrows, minlength=n_queries))
 
 
-@settings(max_examples=40, deadline=None)
-@given(metric=st.sampled_from(METRICS), n_rows=st.sampled_from([5, 64, 131]), n_trials=st.integers(1, 3),
-       levels=st.sampled_from([2, 5, 1000]), seed=st.integers(0, 2**32 - 1))
-def test_slots_count_each_kept_negative_in_its_slot_and_trials(metric, n_rows, n_trials, levels, seed):
+@settings(max_examples=60, deadline=None)
+@given(metric=st.sampled_from(METRICS), n_rows=st.sampled_from([5, 64, 131, 700]), n_trials=st.integers(1, 3),
+       levels=st.sampled_from([2, 5, 1000]), n_ids=st.sampled_from([2, 4, 40]), screened=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def test_slots_count_each_kept_negative_in_its_slot_and_trials(metric, n_rows, n_trials, levels, n_ids, screened,
+                                                              seed):
     """``update_slots`` (the negatives within reach listed with their slots, then counted) against
     the brute force on canonical distances: counts[a + s, t] = trial-t negatives of the query with s
     of its positives before them (by distance, then gallery index), those after its last positive
-    left out.  Few feature levels make ties; a float32 GEMM's window leaves some pairs open."""
+    left out.  Few feature levels make ties (several positives in a bucket of the slot table); a
+    float32 GEMM's window leaves some pairs open.  Few identities give many positives a query and
+    few negatives (a search among the positives), many the reverse (a table of them); ``screened``:
+    the rows listed from a device's screen (``device_hits``) at the positives' reach."""
     rng = np.random.default_rng(seed)
     nq, dim = 12, 8
     qf = rng.integers(-levels, levels + 1, (nq, dim)).astype(np.float32) / levels
     gf = rng.integers(-levels, levels + 1, (n_rows, dim)).astype(np.float32) / levels
-    q_pid, g_pid = rng.integers(0, 4, nq), rng.integers(0, 4, n_rows)
+    q_pid, g_pid = rng.integers(0, n_ids, nq), rng.integers(0, n_ids, n_rows)
     q_bits = rng.integers(1, 2**n_trials, nq).astype(np.uint64)
     g_bits = rng.integers(0, 2**n_trials, n_rows).astype(np.uint64)
     blk = features_block(qf, gf, metric, q_pid, g_pid)
@@ -161,6 +166,9 @@ def test_slots_count_each_kept_negative_in_its_slot_and_trials(metric, n_rows, n
     offsets, pos_g = positives.offsets, positives.gidx
     blk = blk._replace(q_bits=q_bits, g_bits=g_bits, pos_off=offsets, pos_d=positives.dist, pos_g=pos_g,
                        pos_bits=positives.bits)
+    if screened:
+        kind, columns, low, slope, sign = block.screen_terms(blk, block.last_positive_limits(blk))
+        blk = blk._replace(hits=device_words(sign * blk.dots >= low[:, None] + slope[:, None] * columns[kind]))
     counts = np.zeros((len(pos_g), n_trials), dtype=np.int64)
     update_slots(blk, counts, *block.negatives_buffers(blk))
     expected = np.zeros_like(counts)

@@ -244,11 +244,27 @@ def device_hits(blk, i, cols):
     """``within`` for a block a device screened (``blk.hits``: ``screen_terms``, looser, for limits
     at least the caller's): cols[:n] = the columns of row i's hits, lowest first, but those of the
     query's pid; returns n.  Every row within's screen would list, and maybe more beyond the
-    limit, which the caller decides as any other.  The callers choose between the two a row at a
-    time: that choice inside within cost the CPU path's update 2-6% on captured bench blocks (it
-    changes how the screen's loop compiles), in the caller ~1%; a choice once a block compiled the
-    caller's row work twice (+1.2 s at a first run)."""
+    limit, which the caller decides as any other.  It asks the CPU for the dot products of the
+    next row's hits: a device's block is past the caches, its hits scattered in it (the slots'
+    update took 3.2 ms a 512 x 4,096 block read cold, 2.0 ms so, on captured blocks of 2,000 x
+    1,000,000 x 256 with ~46 hits a row; 2.2 ms after ``within``'s scan of the row).  The callers
+    choose between the two a row at a time: that choice inside within cost the CPU path's update
+    2-6% on captured bench blocks (it changes how the screen's loop compiles), in the caller ~1%; a
+    choice once a block compiled the caller's row work twice (+1.2 s at a first run)."""
+    _prefetch_hits(blk, min(i + 1, blk.hits.shape[0] - 1))
     return _listed(blk.hits[i], blk.hits.shape[1], blk.g_pid, blk.q_pid[i], cols)
+
+
+@_inline
+def _prefetch_hits(blk, i):
+    """Ask the CPU for the cache lines of row i's hits in ``blk.dots``."""
+    row = i * blk.dots.strides[0]
+    for w in range(blk.hits.shape[1]):
+        hits = blk.hits[i, w]
+        while hits != 0:
+            at = row + (w * SCREEN_WORD + np.int64(trailing_zeros(hits))) * blk.dots.itemsize
+            kernels.prefetch(blk.dots, at, at + 1)
+            hits &= hits - np.uint64(1)
 
 
 @_inline
@@ -334,14 +350,21 @@ def widest(blk):
 @_inline
 def _slot(blk, i, j, d, w, lo, hi):
     """Row j's slot among query i's positives (pos[lo:hi]) when no distance in [d - w, d + w] (its
-    distance and error window) can change it, else -1: the positives before the window's low end,
+    distance and error window) can change it, else -1 (``_slot_among``, searching them all)."""
+    return _slot_among(blk, i, j, d, w, lo, hi, lo, hi)
+
+
+@_inline
+def _slot_among(blk, i, j, d, w, lo, hi, start, stop):
+    """``_slot`` searching pos[start:stop] only, where every positive of pos[lo:start] is below
+    d - w and every one of pos[stop:hi] above it: the positives before the window's low end,
     unless the next one is before its high end."""
     g = blk.g_start + j
-    first = kernels.positives_before(blk.pos_d, blk.pos_g, lo, hi, d - w, g)
-    m = lo + first
+    m = start + kernels.positives_before(blk.pos_d, blk.pos_g, start, stop, d - w, g)
     following = max(min(m, hi - 1), 0)  # read when there is a next positive only (branch-free)
     high = d + w
     straddled = (m < hi) & ((blk.pos_d[following] < high) | ((blk.pos_d[following] == high) & (blk.pos_g[following] < g)))
+    first = m - lo
     return first - (first + 1) * np.int64(straddled)
 
 
@@ -359,24 +382,31 @@ def _bucket(x, x0, scale, buckets):
 
 
 @_inline
+def _buckets(n_positives):
+    """Buckets of a slot table (``_slot_table``) for ``n_positives`` positives."""
+    return min(BUCKETS_PER_POSITIVE * n_positives, MAX_BUCKETS)
+
+
+@_inline
 def _slot_table(pos_d, lo, hi, table):
-    """Fill ``table`` for the positives pos[lo:hi]: at a bucket holding no positive, the number of
-    positives in earlier buckets; -1 at a bucket holding one.  An item whose window [d - w, d + w]
-    runs from bucket a to bucket b with table[a] == table[b] >= 0 has no positive in between, so
-    every positive of an earlier bucket is below d - w (the bucket is non-decreasing) and every
-    later one above d + w: table[a] is its slot, ties and all.  Returns (x0, scale, buckets)."""
+    """Fill ``table`` for the positives pos[lo:hi]: table[b] = the positives in buckets before b
+    (``_bucket``), for b up to the last bucket + 1.  The bucket is non-decreasing in the distance,
+    so the positives of buckets before an item's are below it and those of later buckets above: an
+    item whose window [d - w, d + w] runs from bucket a to bucket b with table[a] == table[b + 1]
+    has no positive in between, and table[a] is its slot, ties and all; otherwise its slot is
+    decided among bucket a's positives alone, pos[lo + table[a]:lo + table[a + 1]].  (With ~4,200
+    positives the cap of buckets leaves about one a bucket: searching them all, cold in the cache,
+    the slots' update took 12.4 ms a 512 x 4,096 block of 2,000 x 1,000,000 x 64 with ~350 rows
+    within a query's reach; 11.1 ms so.)  Returns (x0, scale, buckets)."""
     x0 = pos_d[lo]
     span = pos_d[hi - 1] - x0
-    buckets = min(BUCKETS_PER_POSITIVE * (hi - lo), MAX_BUCKETS)
+    buckets = _buckets(hi - lo)
     scale = buckets / span if span > 0.0 else 0.0
-    table[:buckets + 2] = 0
+    table[:buckets + 3] = 0
     for p in range(lo, hi):
-        table[_bucket(pos_d[p], x0, scale, buckets)] += 1
-    before = 0
-    for b in range(buckets + 2):
-        held = table[b]
-        table[b] = before if held == 0 else -1
-        before += held
+        table[_bucket(pos_d[p], x0, scale, buckets) + 1] += 1
+    for b in range(1, buckets + 3):
+        table[b] += table[b - 1]
     return x0, scale, buckets
 
 
@@ -395,7 +425,7 @@ def slotted_negatives(blk, limits, qi, gj, slot):
     queries, not once per query between scans of the block (corrupted features, whose last
     positives rank ~2,000 rows deep, need ~20,000 a block: ~4 us each when read in scan order)."""
     cols = np.empty(blk.dots.shape[1], dtype=np.int64)
-    table = np.empty(MAX_BUCKETS + 2, dtype=np.int64)
+    table = np.empty(MAX_BUCKETS + 3, dtype=np.int64)
     screen = screen_columns(blk)
     screened = blk.hits.shape[0] > 0  # by a device
     n = 0
@@ -439,21 +469,49 @@ def negatives_buffers(blk) -> tuple:
 @_inline
 def _row_slots(blk, i, found, cols, table, n, qi, gj, slot):
     """Query i's kept negatives cols[:found] with their slots (-1: a finer distance decides) into
-    (qi, gj, slot) from entry n on; returns the entries' new count."""
+    (qi, gj, slot) from entry n on; returns the entries' new count.  Each slot from a table of the
+    query's positives (``_slot_table``), or where its rows' searches among them cost less than the
+    table (``_searched``), by a search (``_slot``)."""
     if found > 0:
         lo = blk.pos_off[i]
         hi = blk.pos_off[i + 1]
-        x0, scale, buckets = _slot_table(blk.pos_d, lo, hi, table)
-        for k in range(found):
-            j = cols[k]
-            d = fast_distance(blk, i, j)
-            w = kernels.distance_window(d, blk.qn[i], blk.gn[j], blk.metric, blk.c_dot)
-            first = table[_bucket(d - w, x0, scale, buckets)]
-            decided = (first == table[_bucket(d + w, x0, scale, buckets)]) & (first >= 0)
-            qi[n + k] = i
-            gj[n + k] = j
-            slot[n + k] = first if decided else _slot(blk, i, j, d, w, lo, hi)  # else: a positive in the window's buckets
+        if _searched(found, hi - lo):
+            for k in range(found):
+                d, w = _entry(blk, i, cols[k], n + k, qi, gj)
+                slot[n + k] = _slot(blk, i, cols[k], d, w, lo, hi)
+        else:
+            x0, scale, buckets = _slot_table(blk.pos_d, lo, hi, table)
+            for k in range(found):
+                d, w = _entry(blk, i, cols[k], n + k, qi, gj)
+                a = _bucket(d - w, x0, scale, buckets)
+                first = table[a]
+                clear = first == table[_bucket(d + w, x0, scale, buckets) + 1]  # no positive in the window's buckets
+                slot[n + k] = first if clear else _slot_among(blk, i, cols[k], d, w, lo, hi, lo + first, lo + table[a + 1])
     return n + found
+
+
+@_inline
+def _entry(blk, i, j, at, qi, gj):
+    """Entry ``at`` of (qi, gj) made the pair (i, j); returns its fast distance and window."""
+    qi[at] = i
+    gj[at] = j
+    d = fast_distance(blk, i, j)
+    return d, kernels.distance_window(d, blk.qn[i], blk.gn[j], blk.metric, blk.c_dot)
+
+
+# A step of a search among a query's positives costs about as much as this many buckets of its slot
+# table (captured blocks of 2,000 x 1,000,000 x 256, ~830 positives a query, ~46 of its negatives
+# within reach a block: the slots' update took 2.2 ms a block searching, 3.2 ms with a table each)
+SEARCH_STEP_BUCKETS = 4
+
+
+@_inline
+def _searched(found, n_positives):
+    """Whether ``found`` rows' searches among ``n_positives`` cost less than a table of them."""
+    steps = 0  # of a search: the bit length of n_positives
+    while n_positives >> steps:
+        steps += 1
+    return found * steps * SEARCH_STEP_BUCKETS < _buckets(n_positives)
 
 
 @_inline
