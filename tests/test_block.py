@@ -174,8 +174,9 @@ def test_slots_count_each_kept_negative_in_its_slot_and_trials(metric, n_rows, n
     expected = np.zeros_like(counts)
     for i in range(nq):
         lo, hi = offsets[i], offsets[i + 1]
+        pos = pos_g[lo:hi]
         for j in np.flatnonzero(g_pid != q_pid[i]):
-            before = sum((exact[i, g] < exact[i, j]) | ((exact[i, g] == exact[i, j]) & (g < j)) for g in pos_g[lo:hi])
+            before = int(((exact[i, pos] < exact[i, j]) | ((exact[i, pos] == exact[i, j]) & (pos < j))).sum())
             for t in range(n_trials):
                 if before < hi - lo and (int(g_bits[j] & q_bits[i]) >> t) & 1:
                     expected[lo + before, t] += 1
