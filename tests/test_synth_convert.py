@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import zarr
 from streameval import OptionError, StoreError, evaluate, open_store, validate_values
 from streameval.tools.convert import convert_npz
 from streameval.engine.plan import default_chunk_rows
+from streameval.tools import synth as synth_mod
 from streameval.tools.synth import NOISE_HARD, generation_block_rows, synthesize
 
 SMALL = dict(n_query=150, n_gallery=2500, dim=24, n_ids=30, n_cams=4)
@@ -100,6 +102,16 @@ def test_synth_does_not_depend_on_chunk_rows_or_threads(tmp_path):
         store = synthesize(tmp_path / f"c{chunk_rows}-{workers}.zarr", **kwargs, chunk_rows=chunk_rows, workers=workers)
         assert store.gallery.chunk_rows == chunk_rows
         assert_same_arrays(reference, arrays(store))
+
+
+def test_synth_threads_are_the_cores_or_what_a_quarter_of_the_memory_holds(monkeypatch):
+    monkeypatch.setattr(synth_mod.plan, "physical_memory", lambda: 64 << 30)
+    assert synth_mod.slab_threads(None, 1 << 20) == os.cpu_count()
+    assert synth_mod.slab_threads(16, 1 << 30) == 16
+    assert synth_mod.slab_threads(64, 1 << 30) == 16  # 16 GiB of slabs in 64 GiB
+    assert synth_mod.slab_threads(8, 32 << 30) == 1  # never none
+    monkeypatch.setattr(synth_mod.plan, "physical_memory", lambda: None)  # not said: the threads asked for
+    assert synth_mod.slab_threads(64, 1 << 40) == 64
 
 
 def test_synth_chunked_writing_fills_every_chunk(tmp_path):

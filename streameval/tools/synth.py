@@ -499,6 +499,19 @@ def synthesize(path, *, n_query: int, n_gallery: int, dim: int, n_ids: int, n_ca
         return store_mod.open_store(path)
 
 
+SLAB_COPIES = 5  # a thread's float32 copies of its slab's rows: the generation blocks, their rows, the cast to write
+
+
+def slab_threads(workers: int | None, slab_bytes: int) -> int:
+    """Threads for ``_write_set``: ``workers`` (default: the cores), no more than a quarter of the
+    memory holds at ``slab_bytes`` each, at least one."""
+    threads = workers or os.cpu_count() or 1
+    physical = plan.physical_memory()
+    if physical is not None:
+        threads = min(threads, physical // 4 // slab_bytes)
+    return max(1, threads)
+
+
 def _write_set(fs, generator, bar: "_Progress", workers: int | None) -> None:
     """Every row of ``fs``, made by ``generator()``'s generators and written on ``workers`` threads
     (default: the cores), a slab of whole chunks each, at least a generation block: no two threads
@@ -506,8 +519,10 @@ def _write_set(fs, generator, bar: "_Progress", workers: int | None) -> None:
     made by both).  Making rows (numpy's generators and arithmetic) and writing them (zarr's
     codecs, the files) mostly release the GIL: 10,000 x 1,000,000 x 256 float16 took 7.3 s on one
     thread and 3.4 s on two, on this project's 2-core machine.  At most two slabs a thread are in
-    flight."""
+    flight, at most as many threads as a quarter of the memory holds (``SLAB_COPIES`` a slab's
+    rows each: a large ``chunk_rows`` on many cores would otherwise hold many large slabs)."""
     slab = fs.chunk_rows * -(-generation_block_rows(fs.dim) // fs.chunk_rows)
+    threads = slab_threads(workers, SLAB_COPIES * slab * fs.dim * 4)
     local = threading.local()
 
     def write(start: int) -> int:
@@ -517,7 +532,6 @@ def _write_set(fs, generator, bar: "_Progress", workers: int | None) -> None:
         store_mod.write_rows(fs, start, *local.gen.rows(start, stop))
         return stop
 
-    threads = max(1, workers or os.cpu_count() or 1)
     starts = iter(range(0, len(fs), slab))
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
         pending = collections.deque(pool.submit(write, start) for start in itertools.islice(starts, 2 * threads))
