@@ -113,24 +113,31 @@ def test_a_devices_screen_lists_every_row_the_hosts_screen_lists(metric, dtype, 
         assert (g_pid[from_device] != q_pid[i]).all() and (np.diff(from_device) > 0).all()
 
 
-@settings(max_examples=40, deadline=None)
-@given(n_queries=st.integers(1, 30), n_pairs=st.integers(0, 400), levels=st.sampled_from([1, 3, 1000]),
-       n_parts=st.integers(1, 5), seed=st.integers(0, 2**32 - 1))
-@example(n_queries=1, n_pairs=400, levels=3, n_parts=1, seed=1)  # one query's 400 pairs: the heapsort
-@example(n_queries=30, n_pairs=400, levels=3, n_parts=3, seed=2)  # ~13 a query: the insertion sort
-def test_positives_are_sorted_by_query_then_distance_then_gallery_index(n_queries, n_pairs, levels, n_parts, seed):
+@settings(max_examples=60, deadline=None)
+@given(n_queries=st.integers(1, 30), n_pairs=st.integers(0, 600), levels=st.sampled_from([1, 3, 1000]),
+       n_parts=st.integers(1, 5), in_gallery_order=st.booleans(), seed=st.integers(0, 2**32 - 1))
+@example(n_queries=1, n_pairs=400, levels=3, n_parts=1, in_gallery_order=False, seed=1)  # one query's 400: radix
+@example(n_queries=1, n_pairs=400, levels=1000, n_parts=2, in_gallery_order=True, seed=3)  # the same, in order
+@example(n_queries=30, n_pairs=400, levels=3, n_parts=3, in_gallery_order=False, seed=2)  # ~13 a query: insertion
+def test_positives_are_sorted_by_query_then_distance_then_gallery_index(n_queries, n_pairs, levels, n_parts,
+                                                                          in_gallery_order, seed):
     """As a lexsort of the three keys orders them, however the pairs come in parts (a gallery
-    chunk's each, some empty); few distance levels make ties the index breaks (a query's pairs
-    sorted by insertion up to ``kernels.INSERTION_SORT_MAX``, by a heap above)."""
+    chunk's each, some empty), in gallery order (as the positives pass gives them) or not; few
+    distance levels make ties the index breaks, negative distances and -0.0 (a negated inner
+    product) included (a query's pairs sorted by insertion up to ``kernels.INSERTION_SORT_MAX``,
+    by a radix sort above)."""
     rng = np.random.default_rng(seed)
     qrows = rng.integers(0, n_queries, n_pairs)
     gidx = rng.permutation(3 * n_pairs)[:n_pairs].astype(np.int64)
-    dist = rng.integers(0, levels, n_pairs) / 7.0
+    if in_gallery_order:
+        gidx.sort()
+    dist = (rng.integers(0, levels, n_pairs) - levels // 2) / 7.0
+    dist[rng.random(n_pairs) < 0.1] = -0.0
     bits = rng.integers(1, 4, n_pairs).astype(np.uint64)
     cuts = np.sort(rng.integers(0, n_pairs + 1, n_parts - 1))
     parts = [(qrows[a:b], gidx[a:b], dist[a:b], bits[a:b]) for a, b in zip([0, *cuts], [*cuts, n_pairs])]
     got = Positives.from_parts(n_queries, parts, np.zeros((n_queries, 1), np.int64))
-    order = np.lexsort((gidx, dist, qrows))
+    order = np.lexsort((gidx, dist, qrows))  # -0.0 == 0.0: ties the index breaks
     np.testing.assert_array_equal(got.gidx, gidx[order])
     np.testing.assert_array_equal(got.dist, dist[order])
     np.testing.assert_array_equal(got.bits, bits[order])

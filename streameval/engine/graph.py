@@ -501,6 +501,8 @@ def positives_pass_bytes(plan: Plan, parts: tuple, positives: Positives, start: 
     ids, and the features of the chunks holding one of the block's positives."""
     fs = parts[0].fs
     step = plan.positives_rows
-    chunks = np.unique((positives.gidx[positives.gidx >= start] - start) // step)
+    held = np.zeros(-(-(stop - start) // step), dtype=bool)  # a flag a chunk: no sort of every positive
+    held[(positives.gidx[positives.gidx >= start] - start) // step] = True
+    chunks = np.flatnonzero(held)
     feature_rows = int(np.minimum(step, stop - start - chunks * step).sum())
     return rows_bytes(fs, stop - start, features=False) + rows_bytes(fs, feature_rows)

@@ -90,8 +90,10 @@ class Positives:
                          self.junk[queries])
 
     def subset(self, entries: np.ndarray) -> "Positives":
-        """The same queries with only the entries at flat positions ``entries`` (ascending)."""
-        counts = np.bincount(self.query_rows()[entries], minlength=self.n_queries)
+        """The same queries with only the entries at flat positions ``entries`` (ascending, each once)."""
+        if entries.shape[0] == self.dist.shape[0]:  # every entry: nothing to gather
+            return self
+        counts = np.diff(np.searchsorted(entries, self.offsets))
         return Positives(offsets_from_counts(counts), self.dist[entries], self.gidx[entries], self.bits[entries],
                          self.junk)
 
@@ -106,6 +108,8 @@ class Positives:
     @staticmethod
     def concat(parts: list["Positives"]) -> "Positives":
         """Consecutive query blocks joined in query order."""
+        if len(parts) == 1:  # one block (the usual run): nothing to join, no copy of its columns
+            return parts[0]
         columns = (np.concatenate([getattr(p, name) for p in parts]) for name in ("dist", "gidx", "bits", "junk"))
         return Positives(offsets_from_counts(np.concatenate([p.counts for p in parts])), *columns)
 

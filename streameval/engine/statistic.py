@@ -167,6 +167,8 @@ class StatState:
     @staticmethod
     def concat(parts: list["StatState"]) -> "StatState":
         """Consecutive query blocks joined in query order."""
+        if len(parts) == 1:  # one block (the usual run): its arrays as they are, in a dict of its own
+            return StatState(parts[0].statistics, dict(parts[0].arrays))
         joined = {}
         for key, (stat, spec) in StatState.specs(parts[0].statistics).items():
             arrays = [p.arrays[key] for p in parts]

@@ -50,13 +50,26 @@ def restrict(positives, counts: np.ndarray, t: int):
     The trial's positives are the superset's with bit t; the negatives between two consecutive
     trial positives (superset indices m' < m) are those of slots m' + 1 .. m.
     """
-    in_trial = ((positives.bits >> np.uint64(t)) & np.uint64(1)).astype(bool)
-    prefix = np.concatenate([[0], np.cumsum(counts[:, t])])  # flat, over every query's slots
-    before = prefix[1:] - np.repeat(prefix[positives.offsets[:-1]], positives.counts)  # before each superset positive
-    kept = np.flatnonzero(in_trial)
-    trial = positives.subset(kept)
-    before = before[kept]
-    first = np.zeros(kept.shape[0], dtype=bool)
-    first[trial.offsets[:-1][trial.counts > 0]] = True
-    slots = np.where(first, before, before - np.concatenate([[0], before[:-1]]))
-    return trial, slots.astype(np.int64)
+    entries = np.empty(positives.dist.shape[0], dtype=np.int64)
+    slots = np.empty(positives.dist.shape[0], dtype=np.int64)
+    n = trial_slots(positives.offsets, positives.bits, counts, t, entries, slots)
+    return positives.subset(entries[:n]), slots[:n]
+
+
+@_jit
+def trial_slots(offsets, bits, counts, t, entries, slots):
+    """Writes the superset positions of trial ``t``'s positives (``entries``) and each one's slot
+    count (``slots``: the negatives since the query's previous trial positive); returns how many.
+    One pass: the numpy form (a prefix sum, a repeat and five gathers) took 6 s for 42,000,000
+    positives, a serial step at the end of every run."""
+    n = 0
+    for q in range(offsets.shape[0] - 1):
+        since = 0
+        for m in range(offsets[q], offsets[q + 1]):
+            since += counts[m, t]
+            kept = trial_bit(bits[m], t)
+            entries[n] = m
+            slots[n] = since
+            n += kept
+            since *= 1 - kept
+    return n
