@@ -158,6 +158,58 @@ def test_a_gpus_call_covers_whole_sub_blocks_up_to_its_pairs():
     assert sources.block_source("euclidean", 256, np.float32, DEVICE).call_rows(256) == 512
 
 
+def test_each_worker_thread_calls_a_gpu_on_a_stream_of_its_own(monkeypatch):
+    """``device.thread_stream``: on a GPU, a thread's calls run on its own CUDA stream, the same for
+    all its calls, another thread's another (so a thread's waits are for its own work, not for what
+    the others queued on the shared default stream); torch:cpu's is no stream. The GPU's torch is
+    stood in for by what ``thread_stream`` asks of it (``torch.cuda.Stream`` and ``torch.cuda.stream``);
+    on a GPU, ``scripts/gpu_check.sh`` runs the real ones to the CPU path's numbers."""
+    import threading
+    from types import SimpleNamespace
+
+    from streameval.engine import device, scratch
+
+    made, entered = [], []
+
+    class Stream:
+        def __init__(self, device):
+            self.device = device
+            made.append(self)
+
+    class Entered:
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __enter__(self):
+            entered.append((threading.get_ident(), self.stream))
+
+        def __exit__(self, *exc):
+            return False
+
+    gpu = object()
+    monkeypatch.setattr(device, "torch_module", lambda: SimpleNamespace(cuda=SimpleNamespace(Stream=Stream, stream=Entered)))
+    monkeypatch.setattr(device, "opened", lambda name: gpu)
+    try:
+        def calls():
+            for _ in range(3):
+                with device.thread_stream("cuda:0"):
+                    pass
+
+        calls()
+        other = threading.Thread(target=calls)
+        other.start()
+        other.join()
+        assert len(made) == 2 and all(stream.device is gpu for stream in made)
+        by_thread = {}
+        for thread, stream in entered:
+            by_thread.setdefault(thread, set()).add(stream)
+        assert sorted(map(len, by_thread.values())) == [1, 1] and len(set().union(*by_thread.values())) == 2
+        with device.thread_stream(DEVICE):
+            assert len(entered) == 6  # torch:cpu: no stream entered
+    finally:
+        scratch.release()
+
+
 def run_cli(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "streameval.cli", *args], capture_output=True, text=True, timeout=120)
 

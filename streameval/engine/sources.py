@@ -91,7 +91,7 @@ DEVICE_CALL_PAIRS = 1 << 23
 class DeviceSource(FeatureSource):
     """``FeatureSource`` with its GEMM on a device (``device`` module): each worker thread keeps its
     query block and its current gallery chunk there, so a chunk is uploaded once for all the query
-    sub-blocks and a query block once for all the chunks.  The device's GEMM sums in another order
+    sub-blocks and a query block once for all the chunks, and calls it on a stream of its own.  The device's GEMM sums in another order
     than numpy's, within the same ``c_dot`` bound, so the statistics' windows and settling give the
     same numbers.
 
@@ -117,7 +117,8 @@ class DeviceSource(FeatureSource):
 
     def block(self, part, start: int, stop: int, queries, chunk, rows: slice, cols: slice = slice(None)) -> np.ndarray:
         out = self.host_dots(queries, chunk, rows, cols)
-        devices.torch_module().from_numpy(out).copy_(self._product(queries, chunk, rows, cols))
+        with devices.thread_stream(self.device):
+            devices.torch_module().from_numpy(out).copy_(self._product(queries, chunk, rows, cols))
         return out
 
     def host_dots(self, queries, chunk, rows: slice, cols: slice) -> np.ndarray:
@@ -128,7 +129,12 @@ class DeviceSource(FeatureSource):
     def fill(self, blk, queries, chunk, rows: slice, cols: slice, limits):
         """``blk`` (its dots ``host_dots``) with its dot products: every one where ``limits`` is None,
         else those the device's screen (``block.screen_terms``) passes, with its words as
-        ``blk.hits`` (whole words: the row's last bits zero); the others are left as they were."""
+        ``blk.hits`` (whole words: the row's last bits zero); the others are left as they were.
+        On the thread's own stream (``device.thread_stream``)."""
+        with devices.thread_stream(self.device):
+            return self._fill(blk, queries, chunk, rows, cols, limits)
+
+    def _fill(self, blk, queries, chunk, rows: slice, cols: slice, limits):
         product = self._product(queries, chunk, rows, cols)
         torch = devices.torch_module()
         if limits is None:
