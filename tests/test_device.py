@@ -187,7 +187,8 @@ def test_each_worker_thread_calls_a_gpu_on_a_stream_of_its_own(monkeypatch):
             return False
 
     gpu = object()
-    monkeypatch.setattr(device, "torch_module", lambda: SimpleNamespace(cuda=SimpleNamespace(Stream=Stream, stream=Entered)))
+    torch = SimpleNamespace(cuda=SimpleNamespace(Stream=Stream, stream=Entered))
+    monkeypatch.setattr(device, "torch_module", lambda: torch)
     monkeypatch.setattr(device, "opened", lambda name: gpu)
     try:
         def calls():

@@ -91,9 +91,9 @@ DEVICE_CALL_PAIRS = 1 << 23
 class DeviceSource(FeatureSource):
     """``FeatureSource`` with its GEMM on a device (``device`` module): each worker thread keeps its
     query block and its current gallery chunk there, so a chunk is uploaded once for all the query
-    sub-blocks and a query block once for all the chunks, and calls it on a stream of its own.  The device's GEMM sums in another order
-    than numpy's, within the same ``c_dot`` bound, so the statistics' windows and settling give the
-    same numbers.
+    sub-blocks and a query block once for all the chunks, and makes its calls on a CUDA stream of
+    its own (``device.thread_stream``).  The device's GEMM sums in another order than numpy's,
+    within the same ``c_dot`` bound, so the statistics' windows and settling give the same numbers.
 
     What comes back to the host is what the statistics read: every dot product for a block whose
     statistics read every pair, else (``fill``) the device screens the block as ``block.within``
