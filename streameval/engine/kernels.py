@@ -448,7 +448,7 @@ def sort_each_query(offsets, dist, gidx, bits):
 INSERTION_SORT_MAX = 64  # up to this many a query's pairs sort by insertion, faster than the radix's passes
 RADIX_BITS = 8  # a pass's digit: its 256 counts and the query's keys stay in the first-level cache
 RADIX = 1 << RADIX_BITS
-SIGN = np.uint64(1 << 63)
+SIGN = np.uint64(1 << 63)  # a float64's sign bit
 
 
 @_inline
@@ -471,7 +471,7 @@ def _radix_sort(dist_bits, gidx, pairs, keys, order, counts):
     bits (``dist_bits``, a view of them): a least-significant-digit radix sort,
     stable, of the entries' numbers (``order``) by gallery index unless they come in its order (as
     the positives' parts do, gallery chunk after chunk), then by the distance's bits ordered as the
-    floats are (``_ordered_bits``); then the three columns gathered. ``keys``, ``order``: two rows
+    floats are (``float_key``); then the three columns gathered. ``keys``, ``order``: two rows
     of at least the entries' count, ``counts``: ``RADIX``."""
     n = dist_bits.shape[0]
     for k in range(n):
@@ -482,7 +482,7 @@ def _radix_sort(dist_bits, gidx, pairs, keys, order, counts):
             keys[0, k] = np.uint64(gidx[k])
         src = _radix_passes(keys, order, n, counts, 0)
     for k in range(n):
-        keys[src, k] = _ordered_bits(dist_bits[order[src, k]])
+        keys[src, k] = float_key(dist_bits[order[src, k]])
     src = _radix_passes(keys, order, n, counts, src)
     for column in (dist_bits, gidx.view(np.uint64), pairs):  # as uint64: one compiled gather
         _gather(column, order[src], keys[1 - src])
@@ -497,12 +497,11 @@ def _ascending(values):
 
 
 @_inline
-def _ordered_bits(b):
-    """A float64's bits (``b``) as a uint64 whose order is the float's, -0.0 as 0.0: a positive's
-    sign bit set, a negative's bits all flipped."""
-    if b == SIGN:
-        b = np.uint64(0)
-    return b ^ ((np.uint64(0) - (b >> np.uint64(63))) | SIGN)
+def float_key(u):
+    """The order-preserving key of a float64 given as its bits ``u``: a uint64 ordered as the
+    floats are (a positive's sign bit set, a negative's bits all flipped), -0.0 taken as +0.0."""
+    u ^= SIGN * np.uint64(u == SIGN)
+    return u ^ ((np.uint64(0) - (u >> np.uint64(63))) | SIGN)
 
 
 @_inline

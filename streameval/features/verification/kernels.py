@@ -46,13 +46,13 @@ import numba as nb
 import numpy as np
 
 from ...engine import kernels
+from ...engine.kernels import SIGN, float_key
 from ...core.choices import TAIL_ENTRY_BYTES
 from ...engine.block import compact, kept_negative, mask, trial_bit, widest
 
 _jit = nb.njit(nogil=True, cache=True)
 _inline = nb.njit(nogil=True, cache=True, inline="always")
 
-SIGN = np.uint64(1 << 63)
 ENTRY = 4  # d, w, extended gallery row, query row
 ENTRY_BYTES = TAIL_ENTRY_BYTES  # 8 bytes a column; the smallest --tail-budget (choices.RANGES)
 assert ENTRY_BYTES == 8 * ENTRY
@@ -74,11 +74,10 @@ KEY_LOW_INF, KEY_HIGH_INF = 0x000FFFFFFFFFFFFF, 0xFFF0000000000000  # the keys o
 
 @_inline
 def _key(cell, cell_bits, x):
-    """The order-preserving key of float64 ``x`` (``cell``: a 1-element float64 scratch array,
+    """``kernels.float_key`` of float64 ``x`` (``cell``: a 1-element float64 scratch array,
     ``cell_bits`` its uint64 view: numba has no scalar bit cast)."""
-    cell[0] = x + 0.0  # -0.0 becomes +0.0: the same distance, one key
-    u = cell_bits[0]
-    return u ^ ((np.uint64(0) - (u >> np.uint64(63))) | SIGN)
+    cell[0] = x
+    return float_key(cell_bits[0])
 
 
 def keys_of(values: np.ndarray) -> np.ndarray:
@@ -329,13 +328,6 @@ def _canonical(blk, i, j):
 
 
 @_inline
-def _bits_key(u):
-    """``_key`` from the bits of a float64 (-0.0 taken as +0.0)."""
-    u ^= SIGN * np.uint64(u == SIGN)
-    return u ^ ((np.uint64(0) - (u >> np.uint64(63))) | SIGN)
-
-
-@_inline
 def _limit(blk, i, bound, gn_max):
     """A fast distance past which no pair of row i has a lower bound below ``bound`` (its window
     shrinks or stays as the distance grows: twice the widest window at ``bound``, as topk's reach)."""
@@ -375,9 +367,9 @@ def _count_row(blk, i, negative, sh, sub):
     lane = sub.shape[0] - 1  # LANES or 1 sub-histograms
     for j0 in range(0, m, LANES):
         for k in range(LANES):
-            sub[k & lane, _bits_key(row[j0 + k]) >> sh] += negative[j0 + k]
+            sub[k & lane, float_key(row[j0 + k]) >> sh] += negative[j0 + k]
     for j in range(m, n):
-        sub[0, _bits_key(row[j]) >> sh] += negative[j]
+        sub[0, float_key(row[j]) >> sh] += negative[j]
 
 
 @_inline
@@ -558,7 +550,7 @@ def update_verify(blk, qrows, shift, exact_bins, hist, tails, core, auc, pool):
             if not kept_negative(blk, i, j):
                 continue
             d = blk.dist[i, j]
-            b = _bits_key(row[j]) >> sh
+            b = float_key(row[j]) >> sh
             w = -1.0  # the window, once needed
             if exact_bins:
                 w = kernels.distance_window(d, qn, blk.gn[j], blk.metric, blk.c_dot)
